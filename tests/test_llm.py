@@ -126,3 +126,25 @@ def test_hf_stop_strings_and_continuation(default_llm):
     (out,) = default_llm.generate([req])
     assert "</answer>" not in out.text or out.text.endswith("</answer>")
     assert default_llm.render(req).endswith("<answer>")
+
+
+def test_chosen_token_logprobs_match_full_logits(default_llm):
+    """Projecting only the completion positions gives the full-logits log-softmax, padding rows included."""
+    import torch
+
+    from searchteam.llm.logprobs import chosen_token_logprobs
+
+    model, tok = default_llm.model, default_llm.tokenizer
+    seqs = [tok("The capital of France is Paris.")["input_ids"], tok("Blue is a colour.")["input_ids"]]
+    width = max(map(len, seqs))
+    ids = torch.full((2, width), tok.pad_token_id)
+    mask = torch.zeros_like(ids)
+    for row, seq in enumerate(seqs):
+        ids[row, : len(seq)], mask[row, : len(seq)] = torch.tensor(seq), 1
+    positions = torch.tensor([[2, 3, 4], [1, 2, 0]])  # second row: two real targets, one padding slot
+    with torch.no_grad():
+        got, _ = chosen_token_logprobs(model, ids, mask, positions, temperature=0.7)
+        full = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float() / 0.7, dim=-1)
+    for row, cols in enumerate([[2, 3, 4], [1, 2]]):
+        want = [full[row, p, ids[row, p + 1]].item() for p in cols]
+        assert got[row, : len(cols)].tolist() == pytest.approx(want, abs=1e-4)

@@ -72,7 +72,7 @@ def make_rollout(
         cfg.model,
         model=policy.model,
         tokenizer=policy.tokenizer,
-        logprobs=True,
+        logprobs=cfg.train.old_logprobs == "rollout",  # otherwise the trainer recomputes π_old
         activate=policy.activate if cfg.train.lora_per_role else None,
     )
     extra = {

@@ -10,7 +10,10 @@ from pathlib import Path
 import torch
 
 from searchteam.llm.base import Completion, GenerationRequest, SamplingParams, truncate_at_stop
+from searchteam.llm.logprobs import chosen_token_logprobs
 from searchteam.llm.models import resolve_model
+
+LOGPROB_CHUNK = 8  # completions per teacher-forced pass when logprobs are requested
 
 
 def pick_device(device: str | None) -> str:
@@ -135,17 +138,28 @@ class HFBackend:
 
     def _attach_logprobs(self, completions: list[Completion], sampling: SamplingParams) -> None:
         """Per-token logprobs of the sampled tokens under the sampling distribution (temperature-scaled),
-        from one teacher-forced forward pass instead of storing every step's full-vocabulary scores."""
+        from teacher-forced passes over right-padded chunks instead of storing every step's scores."""
         temperature = sampling.temperature if not sampling.greedy else 1.0
+        scored = [c for c in completions if c.token_ids]
         for c in completions:
-            if not c.token_ids:
-                c.logprobs = []
-                continue
-            ids = torch.tensor([c.prompt_token_ids + c.token_ids], device=self.device)
-            logits = self.model(ids).logits[0, len(c.prompt_token_ids) - 1 : -1].float() / temperature
-            targets = ids[0, len(c.prompt_token_ids) :]
-            logp = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
-            c.logprobs = logp.tolist()
+            c.logprobs = [] if not c.token_ids else None
+        for start in range(0, len(scored), LOGPROB_CHUNK):
+            chunk = scored[start : start + LOGPROB_CHUNK]
+            seqs = [c.prompt_token_ids + c.token_ids for c in chunk]
+            width = max(map(len, seqs))
+            ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            positions = torch.zeros((len(seqs), max(len(c.token_ids) for c in chunk)), dtype=torch.long)
+            for row, (c, seq) in enumerate(zip(chunk, seqs, strict=True)):
+                ids[row, : len(seq)] = torch.tensor(seq)
+                mask[row, : len(seq)] = 1
+                first = len(c.prompt_token_ids) - 1
+                positions[row, : len(c.token_ids)] = torch.arange(first, first + len(c.token_ids))
+            logp, _ = chosen_token_logprobs(
+                self.model, ids.to(self.device), mask.to(self.device), positions.to(self.device), temperature
+            )
+            for row, c in enumerate(chunk):
+                c.logprobs = logp[row, : len(c.token_ids)].tolist()
 
 
 def _cut_at_eos(ids: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Literal
 
 import torch
 from torch import nn
 
+from searchteam.llm.logprobs import chosen_token_logprobs
 from searchteam.rl.config import TrainConfig
 from searchteam.rl.experience import Batch
 
@@ -119,16 +121,11 @@ class Policy(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token logprobs [B, C] of the completion tokens (temperature-scaled, as sampled) and, with a
         critic head, the value [B] of each turn's observation."""
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            output_hidden_states=self.value_head is not None,
-            use_cache=False,
+        logprobs, hidden = chosen_token_logprobs(
+            self.model, input_ids, attention_mask, target_index, self.temperature
         )
-        logprobs = token_logprobs(out.logits, input_ids, target_index, self.temperature)
         if self.value_head is None:
             return logprobs, None
-        hidden = out.hidden_states[-1]
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         values = self.value_head(hidden[rows, value_index].float()).squeeze(-1)
         return logprobs, values
@@ -139,15 +136,14 @@ class Policy(nn.Module):
         if self.mode == "full":
             if self.ref_model is None:
                 raise RuntimeError("full fine-tuning with a KL penalty needs Policy(..., reference=True)")
-            logits = self.ref_model(
-                input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-            ).logits
-            return token_logprobs(logits, batch.input_ids, batch.target_index, self.temperature)
-        with self.model.disable_adapter():
-            logits = self.model(
-                input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-            ).logits
-        return token_logprobs(logits, batch.input_ids, batch.target_index, self.temperature)
+            model, disabled = self.ref_model, nullcontext()
+        else:
+            model, disabled = self.model, self.model.disable_adapter()
+        with disabled:
+            logprobs, _ = chosen_token_logprobs(
+                model, batch.input_ids, batch.attention_mask, batch.target_index, self.temperature
+            )
+        return logprobs
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Every trained tensor (all adapters, or all weights, plus the critic head), detached copies."""
@@ -196,16 +192,6 @@ class Policy(nn.Module):
             head = torch.load(directory / "value_head.pt", weights_only=True)
             state.update({f"value_head.{k}": v for k, v in head.items()})
         self.load_trainable_state_dict({k: v for k, v in state.items() if k in self._params})
-
-
-def token_logprobs(
-    logits: torch.Tensor, input_ids: torch.Tensor, target_index: torch.Tensor, temperature: float = 1.0
-) -> torch.Tensor:
-    """log π(x_{p+1} | x_{≤p}) for each position p in `target_index` [B, C], in fp32."""
-    vocab = logits.shape[-1]
-    picked = logits.gather(1, target_index[..., None].expand(-1, -1, vocab)).float() / temperature
-    tokens = input_ids.gather(1, target_index + 1)
-    return picked.gather(-1, tokens[..., None]).squeeze(-1) - torch.logsumexp(picked, dim=-1)
 
 
 def _frozen_copy(model: nn.Module) -> nn.Module:
