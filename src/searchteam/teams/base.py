@@ -54,9 +54,10 @@ class Team(ABC):
         return messages
 
     @staticmethod
-    def answer_from(turn: Turn, tag: str = "answer") -> str:
-        """Parse the answer tag; on a missing tag record the format error and use the documented fallback."""
-        parsed = parse_answer(turn.completion, tag)
+    def answer_from(turn: Turn, tag: str = "answer", prefill: str = "") -> str:
+        """Parse the answer tag (in the `prefill` the call continued, plus the completion); on a missing tag
+        record the format error and use the documented fallback."""
+        parsed = parse_answer(prefill + turn.completion, tag)
         if not parsed.ok:
             turn.flag_format_error(parsed.error or "bad answer format")
         return parsed.value
