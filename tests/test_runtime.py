@@ -84,7 +84,8 @@ async def test_team_bug_is_recorded_but_backend_failure_stops_the_run():
         await run_episodes(team.run, "direct", questions(3), backends, Sampling(), progress=False)
 
 
-def test_missing_answer_tag_is_flagged_and_falls_back():
+def test_unclosed_answer_tag_is_flagged_and_falls_back():
+    # direct prefills "<answer>", so a reply that never closes it is an unclosed tag
     llm = ScriptedLLM(lambda req: "The answer is Paris. It is big.")
     backends = make_backends({"policy": llm}, None)
     team = get_team("direct")
@@ -92,7 +93,7 @@ def test_missing_answer_tag_is_flagged_and_falls_back():
         run_episodes(team.run, "direct", questions(1), backends, Sampling(), progress=False)
     )
     turn = episodes[0].turns[0]
-    assert not turn.parsed_ok and "missing <answer>" in turn.parse_error
+    assert not turn.parsed_ok and "unclosed <answer>" in turn.parse_error
     assert episodes[0].answer == "The answer is Paris"
 
 

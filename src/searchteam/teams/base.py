@@ -56,8 +56,10 @@ class Team(ABC):
     @staticmethod
     def answer_from(turn: Turn, tag: str = "answer", prefill: str = "") -> str:
         """Parse the answer tag (in the `prefill` the call continued, plus the completion); on a missing tag
-        record the format error and use the documented fallback."""
-        parsed = parse_answer(prefill + turn.completion, tag)
+        record the format error and use the documented fallback. A completion that repeats the prefilled
+        opening tag is parsed on its own."""
+        echoed = prefill and turn.completion.lstrip().startswith(prefill)
+        parsed = parse_answer(turn.completion if echoed else prefill + turn.completion, tag)
         if not parsed.ok:
             turn.flag_format_error(parsed.error or "bad answer format")
         return parsed.value
