@@ -259,5 +259,13 @@ def load_policy(
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(dtype, device))
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     return build_policy(model, tokenizer, config).to(device)
+
+
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each layer's activations in the backward pass (transformers ≥ 5.x renamed the method)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
