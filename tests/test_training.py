@@ -1,6 +1,18 @@
-"""Training glue: deterministic per-step question batches (what makes a resumed run see the same data)."""
+"""Training glue: shipped configs validate, deterministic per-step question batches, and two real steps."""
 
-from searchteam.training import questions_for_step
+from pathlib import Path
+
+import pytest
+
+from searchteam.config import SHIPPED_CONFIGS
+from searchteam.rewards.schemes import reward_methods
+from searchteam.training import load_train_run_config, questions_for_step
+
+
+@pytest.mark.parametrize("path", sorted(SHIPPED_CONFIGS.glob("train-*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_training_config_validates(path: Path):
+    cfg = load_train_run_config(Path(path.stem), {})
+    assert cfg.method in reward_methods() and cfg.train.steps >= 1
 
 
 def test_questions_for_step_is_a_function_of_seed_and_step():
