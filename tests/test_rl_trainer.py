@@ -132,6 +132,11 @@ def test_training_moves_weights_and_writes_log_and_plot(tokenizer, tmp_path: Pat
     assert (
         [r["step"] for r in logged] == [1, 2] and "reward/answer" in logged[0] and "time/update" in logged[0]
     )
+    traces = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    assert [t["step"] for t in traces] == [1] * 4 + [2] * 4
+    assert [turn["role"] for turn in traces[0]["turns"]] == ["plan", "answer"]
+    assert traces[0]["turns"][1]["completion"] == COMPLETIONS["answer"]
+    assert all(isinstance(turn["reward"], float) and "messages" not in turn for turn in traces[0]["turns"])
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000002"]
     image = plot_run(tmp_path)
     assert image.exists() and image.read_bytes()[:4] == b"\x89PNG"
@@ -194,6 +199,7 @@ def test_resume_continues_exactly(tokenizer, tmp_path: Path):
     )
     assert same_dir.resume(tmp_path / "a" / "checkpoints" / "step-000002") == 2
     assert len((tmp_path / "a" / "train_log.jsonl").read_text().splitlines()) == 2  # log cut back to step 2
+    assert len((tmp_path / "a" / "rollouts.jsonl").read_text().splitlines()) == 8  # and the traces too
 
 
 def test_per_role_lora_adapters_are_distinct(tokenizer, tmp_path: Path):

@@ -126,6 +126,15 @@ def test_training_answers_every_turn_inference_once():
     assert ep.answer == "guess 3"
 
 
+def test_answer_reply_continues_the_prefilled_tag():
+    ep = run(scripted(default_replies(search="<end>", answer="Thomas Mann</predicted_answer>")))
+    (turn,) = ep.turns_of("answer")
+    assert turn.meta["continuation"] == "<predicted_answer>" and turn.parsed_ok
+    assert ep.answer == "Thomas Mann"
+    ep = run(scripted(default_replies(search="<end>", answer="Mann, a German novelist who wrote")))
+    assert not ep.turns_of("answer")[0].parsed_ok and "Mann" in ep.answer
+
+
 def test_search_prompt_shows_history_and_trajectory():
     llm = scripted(
         default_replies(

@@ -250,7 +250,7 @@ def train(
     ] = None,
     split: Annotated[str | None, typer.Option(help="Question split (default train).")] = None,
     steps: Annotated[
-        int | None, typer.Option(help="Total optimizer steps (with --resume: up to this total).")
+        int | None, typer.Option(min=1, help="Total training steps (with --resume: up to this total).")
     ] = None,
     device: DeviceOpt = None,
     out: Annotated[Path | None, typer.Option(help="Run directory (log, checkpoints, plots).")] = None,
@@ -259,20 +259,14 @@ def train(
     ] = False,
 ) -> None:
     """Train a team with RL (per-method rewards; PPO/GRPO/GSPO; shared or per-role LoRA)."""
-    from searchteam.rl import TrainConfigError
     from searchteam.rl.plot import plot_run
     from searchteam.training import build_trainer, load_train_run_config
 
     with user_errors():
         _quiet_libraries()
         datasets = [d.strip() for d in dataset.split(",") if d.strip()] if dataset else None
-        try:
-            cfg = load_train_run_config(
-                config,
-                dict(method=method, model=model, datasets=datasets, split=split, device=device, steps=steps),
-            )
-        except TrainConfigError as exc:
-            raise ConfigError(str(exc)) from None
+        given = dict(method=method, model=model, datasets=datasets, split=split, device=device, steps=steps)
+        cfg = load_train_run_config(config, given)
         run_dir = out or Path("runs") / f"train-{cfg.method}"
         trainer = build_trainer(cfg, run_dir, on_step=lambda record: console.print(_step_line(record)))
         if resume:

@@ -2,7 +2,7 @@
 a shared or per-role-LoRA policy, and an accelerate-based trainer."""
 
 from searchteam.rl.advantages import gae, group_normalize, informative_groups, role_group_normalize, whiten
-from searchteam.rl.config import TrainConfig, TrainConfigError, load_train_config
+from searchteam.rl.config import TrainConfig
 from searchteam.rl.experience import Batch, Sample, chat_render, collate, samples_from_episodes
 from searchteam.rl.losses import kl_penalty, policy_loss, sequence_log_ratio, value_loss
 from searchteam.rl.policy import Policy, build_policy, load_policy
@@ -13,7 +13,6 @@ __all__ = [
     "Policy",
     "Sample",
     "TrainConfig",
-    "TrainConfigError",
     "Trainer",
     "build_policy",
     "chat_render",
@@ -24,7 +23,6 @@ __all__ = [
     "kl_penalty",
     "list_checkpoints",
     "load_policy",
-    "load_train_config",
     "policy_loss",
     "role_group_normalize",
     "samples_from_episodes",

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Estimator = Literal["gae", "grpo", "role_grpo"]
 Schedule = Literal["constant", "linear", "cosine"]
@@ -15,11 +13,8 @@ RatioLevel = Literal["token", "sequence"]
 KLEstimator = Literal["k1", "k3"]
 
 LOG_NAME = "train_log.jsonl"  # one JSON record per training step, in the run directory
+ROLLOUTS_NAME = "rollouts.jsonl"  # one JSON record per rewarded episode (traces without prompts)
 CHECKPOINTS = "checkpoints"  # checkpoints/step-NNNNNN, in the run directory
-
-
-class TrainConfigError(ValueError):
-    """A training config that cannot be used; the message names the file and field."""
 
 
 class TrainConfig(BaseModel):
@@ -81,6 +76,7 @@ class TrainConfig(BaseModel):
     keep_checkpoints: int = Field(0, ge=0, description="keep the newest N checkpoints (0: all)")
     seed: int = 0
     tensorboard: bool = True
+    save_rollouts: bool = Field(True, description="append every step's rewarded episodes to rollouts.jsonl")
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -91,28 +87,3 @@ class TrainConfig(BaseModel):
         if self.lora_per_role and not self.roles:
             raise ValueError("lora_per_role needs the list of roles (one adapter each)")
         return self
-
-
-def load_train_config(path: Path | None, overrides: dict | None = None) -> TrainConfig:
-    """Merge a YAML file (optional) with overrides (None values mean "not given") and validate."""
-    data: dict = {}
-    source = "command line"
-    if path is not None:
-        source = str(path)
-        if not path.exists():
-            raise TrainConfigError(f"training config not found: {path}")
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as exc:
-            raise TrainConfigError(f"{path}: not valid YAML: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise TrainConfigError(f"{path}: expected a mapping of option names to values at the top level")
-        data.update(loaded)
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    try:
-        return TrainConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"field '{'.'.join(str(p) for p in err['loc'])}': {err['msg']}" for err in exc.errors()
-        )
-        raise TrainConfigError(f"invalid training configuration ({source}): {problems}") from None

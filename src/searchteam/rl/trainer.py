@@ -25,7 +25,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs
 
 from searchteam.rl.advantages import gae, group_normalize, informative_groups, role_group_normalize, whiten
-from searchteam.rl.config import CHECKPOINTS, LOG_NAME, TrainConfig
+from searchteam.rl.config import CHECKPOINTS, LOG_NAME, ROLLOUTS_NAME, TrainConfig
 from searchteam.rl.experience import Render, Sample, collate, samples_from_episodes
 from searchteam.rl.losses import policy_loss, value_loss
 from searchteam.rl.policy import Policy
@@ -172,6 +172,8 @@ class Trainer:
         rolled = time.perf_counter()
         self.reward(episodes)
         rewarded = time.perf_counter()
+        if self.config.save_rollouts:
+            self._save_rollouts(episodes)
         samples = samples_from_episodes(
             episodes,
             self.policy.tokenizer,
@@ -345,6 +347,25 @@ class Trainer:
                     self._writer.add_scalar(key, value, record["step"])
             self._writer.flush()
 
+    def _save_rollouts(self, episodes: list[Episode]) -> None:
+        """Traces for reading what the policy did: each episode's turns with completion, format flag and
+        reward (prompts and token ids left out; `searchteam eval` keeps them in full)."""
+        if not self.accelerator.is_main_process:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with (self.run_dir / ROLLOUTS_NAME).open("a", encoding="utf-8") as fh:
+            for episode in episodes:
+                trace = episode.model_dump(
+                    mode="json",
+                    include={"question", "answer", "error", "meta", "turns"},
+                    exclude={
+                        "turns": {
+                            "__all__": {"messages", "prompt_token_ids", "completion_token_ids", "logprobs"}
+                        }
+                    },
+                )
+                fh.write(json.dumps({"step": self.step + 1, **trace}) + "\n")
+
     def _tensorboard(self):
         if not self.accelerator.is_main_process:
             return None
@@ -411,11 +432,13 @@ class Trainer:
         return self.step
 
     def _truncate_log(self, step: int) -> None:
-        if not self.accelerator.is_main_process or not self.log_path.exists():
+        if not self.accelerator.is_main_process:
             return
-        lines = self.log_path.read_text(encoding="utf-8").splitlines()
-        kept = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= step]
-        self.log_path.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
+        for path in (self.log_path, self.run_dir / ROLLOUTS_NAME):
+            if path.exists():
+                lines = path.read_text(encoding="utf-8").splitlines()
+                kept = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= step]
+                path.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
 
 
 def _check_policy(policy: Policy, config: TrainConfig) -> None:

@@ -42,7 +42,7 @@ from typing import Any
 
 from searchteam.runtime.context import Context
 from searchteam.teams.base import Team, format_documents
-from searchteam.teams.parsing import last_tag
+from searchteam.teams.parsing import flat, last_tag, untagged
 from searchteam.types import Message, Question, Turn
 
 DEFAULT_MEMORY_MAX_TOKENS = 4096
@@ -133,7 +133,7 @@ class PlannerAction:
 def parse_planner(text: str, memory_empty: bool, question: str) -> PlannerAction:
     """The `<search>` query, or STOP for `None` (fallbacks: module docstring)."""
     found = last_tag(text, "search")
-    query = _flat(found or "")
+    query = flat(found or "")
     if query.lower().rstrip(".") == STOP_QUERY:
         return PlannerAction(None, _think_error(text))
     if not query:
@@ -147,7 +147,7 @@ def parse_facts(text: str, verbatim: str) -> tuple[str, str | None]:
     found = last_tag(text, "facts")
     error = None if found else "missing <facts> tag" if found is None else "empty <facts> tag"
     if found is None:
-        found = _untagged(text)
+        found = untagged(text)
     facts = "\n".join(line.strip() for line in found.splitlines() if line.strip())
     return facts or verbatim, error
 
@@ -156,23 +156,15 @@ def parse_tagged(text: str, tag: str, empty: str) -> tuple[str, str | None]:
     """`<tag>` content as one paragraph; the error is None when the reply was well formed."""
     found = last_tag(text, tag)
     if found is not None:
-        return _flat(found) or empty, _think_error(text)
+        return flat(found) or empty, _think_error(text)
     unclosed = re.search(rf"<{tag}>(.*)", text, re.IGNORECASE | re.DOTALL)
     if unclosed:
-        return _flat(_untagged(unclosed.group(1))) or empty, f"unclosed <{tag}> tag"
-    return _flat(_untagged(THINK.sub(" ", text))) or empty, f"missing <{tag}> tag"
+        return flat(untagged(unclosed.group(1))) or empty, f"unclosed <{tag}> tag"
+    return flat(untagged(THINK.sub(" ", text))) or empty, f"missing <{tag}> tag"
 
 
 def _think_error(text: str) -> str | None:
     return None if THINK.search(text) else "missing <think> block"
-
-
-def _untagged(text: str) -> str:
-    return re.sub(r"<[^>]+>", " ", text)
-
-
-def _flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 class DECOR(Team):

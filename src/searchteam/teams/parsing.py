@@ -24,6 +24,16 @@ def last_tag(text: str, tag: str) -> str | None:
     return found[-1] if found else None
 
 
+def untagged(text: str) -> str:
+    """The text with every tag replaced by a space."""
+    return re.sub(r"<[^>]+>", " ", text)
+
+
+def flat(text: str) -> str:
+    """Whitespace runs (newlines included) collapsed to single spaces, ends stripped."""
+    return " ".join(text.split())
+
+
 def parse_answer(text: str, tag: str = "answer") -> Parsed:
     """The answer inside `<answer>…</answer>` (the last one if several).
 
