@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from searchteam.rl.config import TrainConfig
-from searchteam.rl.plot import plot_run
+from searchteam.rl.plot import plot_run, trailing_mean
 from searchteam.rl.policy import Policy, build_policy
 from searchteam.rl.trainer import Trainer, list_checkpoints
 from searchteam.types import Episode, Question, Turn
@@ -140,6 +140,11 @@ def test_training_moves_weights_and_writes_log_and_plot(tokenizer, tmp_path: Pat
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000002"]
     image = plot_run(tmp_path)
     assert image.exists() and image.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_trailing_mean_averages_up_to_window_values():
+    assert trailing_mean([1.0, 2.0, 3.0, 4.0, 5.0], 2) == [1.0, 1.5, 2.5, 3.5, 4.5]
+    assert trailing_mean([2.0, 4.0], 8) == [2.0, 3.0]
 
 
 def test_non_finite_loss_skips_the_step(tokenizer, tmp_path: Path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -70,6 +71,10 @@ def _quiet_libraries() -> None:
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
+    # peft still reads the deprecated property when it wraps a transformers 5 model; nothing for a user to fix
+    warnings.filterwarnings(
+        "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+    )
     transformers.utils.logging.disable_progress_bar()
 
 

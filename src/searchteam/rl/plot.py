@@ -22,6 +22,8 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("grad norm", ("grad_norm",)),
     ("seconds per step", ("time/",)),
 )
+SMOOTHED = "reward/mean"  # step rewards swing with the questions drawn; its trailing average shows the trend
+SMOOTH_WINDOW = 8
 
 
 def read_log(run_dir: Path) -> list[dict]:
@@ -34,6 +36,14 @@ def read_log(run_dir: Path) -> list[dict]:
 def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
     points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), int | float)]
     return [p[0] for p in points], [float(p[1]) for p in points]
+
+
+def trailing_mean(values: list[float], window: int) -> list[float]:
+    """Mean of each value and up to `window - 1` values before it."""
+    return [
+        sum(values[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1))
+        for i in range(len(values))
+    ]
 
 
 def _matching(records: list[dict], prefixes: tuple[str, ...]) -> list[str]:
@@ -55,9 +65,12 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
         for key in keys:
             steps, values = _series(records, key)
             ax.plot(steps, values, marker="." if len(steps) < 30 else None, label=key.split("/")[-1])
+            if key == SMOOTHED and len(values) > SMOOTH_WINDOW:
+                label = f"mean, {SMOOTH_WINDOW}-step trailing average"
+                ax.plot(steps, trailing_mean(values, SMOOTH_WINDOW), "k--", linewidth=2, label=label)
         ax.set_title(title)
         ax.set_xlabel("step")
-        if len(keys) > 1:
+        if len(ax.get_lines()) > 1:
             ax.legend(fontsize="small")
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
