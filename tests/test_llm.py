@@ -148,3 +148,58 @@ def test_chosen_token_logprobs_match_full_logits(default_llm):
     for row, cols in enumerate([[2, 3, 4], [1, 2]]):
         want = [full[row, p, ids[row, p + 1]].item() for p in cols]
         assert got[row, : len(cols)].tolist() == pytest.approx(want, abs=1e-4)
+
+
+@pytest.mark.parametrize("pad", ["<|im_end|>", "<|endoftext|>"], ids=["pad-is-eos", "pad-not-eos"])
+def test_hf_batch_rows_end_at_their_own_stop(monkeypatch, pad: str):
+    """A batched generate pads rows that finished early. Each row keeps only what it sampled: up to the
+    token that completed its stop string (the padding after it is no token of the model's, EOS-valued or
+    not), up to a real EOS inclusive, or all ids when it ran to the limit."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from searchteam.llm.hf import HFBackend
+
+    tok = AutoTokenizer.from_pretrained(model_presets.resolve_model("smollm2-135m"))
+    tok.pad_token = pad
+
+    def ids(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    rows = [
+        ids("<answer>Paris</answer>"),  # stop string, then padding
+        ids("Hello") + [tok.eos_token_id],  # a sampled EOS, then padding
+        ids(" one two three four five six seven eight nine ten eleven twelve"),  # the token limit
+        ids("Say") + ids("<answer>Rome</answer>"),  # a stop string later in the row
+    ]
+    width = len(rows[2])
+    assert all(len(row) < width for row in rows[:2] + rows[3:])
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=8,
+            intermediate_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            eos_token_id=tok.eos_token_id,
+        )
+    )
+    backend = HFBackend("tiny", model=model, tokenizer=tok)
+
+    def generate(input_ids, attention_mask, **kwargs):
+        new = [row + [tok.pad_token_id] * (width - len(row)) for row in rows]
+        return torch.cat([input_ids, torch.tensor(new)], dim=1)
+
+    monkeypatch.setattr(backend.model, "generate", generate)
+    sampling = SamplingParams(max_new_tokens=width, stop=("</answer>",))
+    requests = [GenerationRequest([{"role": "user", "content": f"q{i}"}], sampling) for i in range(4)]
+    outs = backend.generate(requests)
+    assert [o.token_ids for o in outs] == [rows[0], rows[1], rows[2], rows[3]]
+    assert [o.finish_reason for o in outs] == ["stop", "stop", "length", "stop"]
+    assert [o.text for o in outs] == [
+        "<answer>Paris</answer>",
+        "Hello",
+        " one two three four five six seven eight nine ten eleven twelve",
+        "Say<answer>Rome</answer>",
+    ]
+    assert all(o.completion_tokens == len(o.token_ids) for o in outs)

@@ -288,6 +288,19 @@ def test_dac_difference_rewards_from_partial_abstentions_telescope(final_abstain
     assert sum(rewards(ep, "searcher")) == ep.meta["reward_terms"]["searcher"] == final
 
 
+def test_dac_probe_generator_calls_are_not_rewarded_and_differences_telescope():
+    # the team's layout (§3.4): G(Q, E≤0) probed before search 1 (a frozen generator call), the final call's
+    # abstention recorded on the last search turn, nothing on the <stop> turn
+    searcher = [{"partial_abstained": True}, {"partial_abstained": False}, {}]
+    ep = dac_episode("Paris", False, searcher)
+    probe = turn("generator", 1, "<answer>unknown</answer>", probe=True, frozen=True, evidence_step=0)
+    ep.turns.insert(2, probe)
+    build_reward_scheme("dac")([ep])
+    assert rewards(ep) == [0.0, 1.0, None, 0.0, 1.0]  # s(0) = 0, s(1) = 1 = r_S; r_G = EM = 1
+    assert sum(rewards(ep, "searcher")) == ep.meta["reward_terms"]["searcher"] == 1.0
+    assert ep.meta["reward_terms"]["hard_positives"] == 0.0
+
+
 def test_dac_ignores_retrievals_after_the_searcher_and_scores_hard_positives_with_s_1():
     ep = dac_episode("unknown", True, [{}])
     ep.retrievals[1].step = 5  # e.g. distractors fetched for a hard positive after the search loop
@@ -295,6 +308,20 @@ def test_dac_ignores_retrievals_after_the_searcher_and_scores_hard_positives_wit
     ep.turns.append(turn("generator", 1, "", hard_positive=True, answer="unknown", abstained=True))
     build_reward_scheme("dac", {"difference_rewards": False})([ep])
     assert rewards(ep) == [0.0, 1.0, 1.0, 0.0]
+
+
+def test_dac_hard_positive_that_fails_where_the_clean_answer_succeeded_gets_an_sft_target():
+    """Appendix D, Eq. 7: D_SFT = {(Q, E′, G(Q, E)) : a(Q, G(Q, E)) = 1, a(Q, G(Q, E′)) = 0}."""
+    ep = dac_episode("Paris", False, [{}, {}])
+    ep.turns.append(turn("generator", 2, "<answer>Lyon</answer>", hard_positive=True, answer="Lyon"))
+    ep.turns.append(turn("generator", 2, "<answer>Paris</answer>", hard_positive=True, answer="Paris"))
+    build_reward_scheme("dac")([ep])
+    clean, wrong, right = ep.turns_of("generator")
+    assert wrong.meta["sft_target"] == clean.completion == "<answer>Paris</answer>"
+    assert "sft_target" not in right.meta and "sft_target" not in clean.meta
+    ep.answer = "Rome"  # the clean answer is wrong: no pseudo-target
+    build_reward_scheme("dac")([ep])
+    assert all("sft_target" not in t.meta for t in ep.turns)
 
 
 # ---- JADE ----------------------------------------------------------------------------------------------
@@ -305,20 +332,34 @@ def jade_episode(**meta) -> Episode:
     return episode("jade", turns, "Paris", meta=meta)
 
 
-def test_jade_cost_terms_and_format_penalty():
+def test_jade_cost_terms_and_format_penalty_shared_by_every_turn():
     ep = jade_episode(jade_rounds=2, jade_retrievals=4)
-    build_reward_scheme("jade", {"alpha": 0.3, "beta": 0.6})([ep])
+    build_reward_scheme("jade", {"alpha": 0.3, "beta": 0.6, "placement": "every_turn"})([ep])
     expected = 1.0 - (0.3 * 2 / 3 + 0.6 * 1.0)  # N_ret/3 is capped at 1
     assert rewards(ep) == pytest.approx([expected, -1.0, expected, expected])
     assert ep.meta["reward"] == pytest.approx(expected)
     assert ep.meta["reward_terms"]["format_errors"] == 1.0
 
 
-def test_jade_defaults_and_terminal_placement():
+def test_jade_default_is_eq_8_global_reward_on_the_terminal_step_only():
     ep = jade_episode(jade_rounds=1, jade_retrievals=1)
-    build_reward_scheme("jade", {"placement": "last_turn"})([ep])
-    expected = 1.0 - (0.05 / 3 + 0.05 / 3)
-    assert rewards(ep) == pytest.approx([0.0, -1.0, 0.0, expected])
+    build_reward_scheme("jade")([ep])
+    expected = 1.0 - (0.05 / 3 + 0.05 / 3)  # R_global = 0.9667
+    assert rewards(ep) == pytest.approx([0.0, -1.0, 0.0, expected])  # r_format + 1[terminal]·R_global
+
+
+def test_jade_default_returns_count_the_global_reward_once():
+    # the issue's example: 4 turns, R_global = 0.967; γ = 1 returns are 0.967 each by default, while
+    # every_turn placement sums it once per remaining turn (3.87, 2.90, 1.93, 0.97)
+    def returns(placement: str | None) -> list[float]:
+        turns = [turn("planner", 1), turn("qr", 1), turn("ag", 1), turn("as", 2)]
+        ep = episode("jade", turns, "Paris", meta={"jade_rounds": 1, "jade_retrievals": 1})
+        build_reward_scheme("jade", {"placement": placement} if placement else None)([ep])
+        return [sum(rewards(ep)[i:]) for i in range(4)]
+
+    r_global = 1.0 - 0.1 / 3
+    assert returns(None) == pytest.approx([r_global] * 4)
+    assert returns("every_turn") == pytest.approx([4 * r_global, 3 * r_global, 2 * r_global, r_global])
 
 
 def test_jade_counts_turns_and_retrievals_when_the_team_did_not_record_them():

@@ -110,3 +110,88 @@ def test_lr_schedule_warmup_then_decay():
     assert lr_multiplier(6, cfg) == pytest.approx(0.5)
     cos = TrainConfig(steps=10, warmup_steps=0, schedule="cosine", min_lr_ratio=0.1)
     assert lr_multiplier(5, cos) == pytest.approx(0.1 + 0.9 * 0.5)
+
+
+def test_grpo_normalizes_over_trajectories_not_turns():
+    """QAgent Eq. 1: a 3-turn trajectory scoring 1 and a 1-turn trajectory scoring 0 are two members of the
+    group: Â = (R − 0.5) / std(1, 0) = ±1/√2 on every turn of each (per-turn statistics gave +0.5 / −1.5)."""
+    samples = [_sample("agent", "q", 0, i, 1.0) for i in range(3)] + [_sample("agent", "q", 1, 0, 0.0)]
+    assign_advantages(samples, TrainConfig(estimator="grpo", adv_eps=1e-12))
+    s2 = 1 / math.sqrt(2)
+    assert [s.advantage for s in samples] == pytest.approx([s2, s2, s2, -s2])
+
+
+def test_role_grpo_scores_each_role_of_a_trajectory_once():
+    """DECOR Eq. 6 per trajectory and role: trajectory 0 has planner turns 1 and 0 (mean 0.5) and trajectory
+    1 one planner turn of 0; the planner group is {0.5, 0}: ±1/√2. Answerers {1, 1} carry no signal."""
+    samples = [
+        _sample("planner", "q", 0, 0, 1.0),
+        _sample("planner", "q", 0, 1, 0.0),
+        _sample("answerer", "q", 0, 2, 1.0),
+        _sample("planner", "q", 1, 0, 0.0),
+        _sample("answerer", "q", 1, 1, 1.0),
+    ]
+    assign_advantages(samples, TrainConfig(estimator="role_grpo", adv_eps=1e-12))
+    s2 = 1 / math.sqrt(2)
+    assert [s.advantage for s in samples] == pytest.approx([s2, s2, 0.0, -s2, 0.0])
+
+
+def test_subgroups_are_normalized_apart():
+    """DAC's hard-positive generator turns (`subgroup`) form their own GRPO group within the question."""
+    samples = [
+        _sample("generator", "q", 0, 0, 1.0),
+        _sample("generator", "q", 1, 0, 0.0),
+        Sample([1], [2], [1], "generator", 0, "q", 1, reward=0.0, subgroup="hard_positive"),
+        Sample([1], [2], [1], "generator", 1, "q", 1, reward=0.0, subgroup="hard_positive"),
+    ]
+    assign_advantages(samples, TrainConfig(estimator="grpo", adv_eps=1e-12))
+    s2 = 1 / math.sqrt(2)
+    assert [s.advantage for s in samples] == pytest.approx([s2, -s2, 0.0, 0.0])
+
+
+def test_role_estimators_mix_gae_and_grpo():
+    """DAC (Appendix B.1): searcher PPO + GAE (γ = λ = 1, V = 0: reward-to-go over its own turns only),
+    generator GRPO over the group's trajectories."""
+    samples = [
+        _sample("searcher", "q", 0, 0, 0.0),
+        _sample("searcher", "q", 0, 1, 1.0),
+        _sample("generator", "q", 0, 2, 1.0),
+        _sample("searcher", "q", 1, 0, 1.0),
+        _sample("searcher", "q", 1, 1, -1.0),
+        _sample("generator", "q", 1, 2, 0.0),
+    ]
+    cfg = TrainConfig(
+        estimator="grpo",
+        adv_eps=1e-12,
+        role_estimators={"searcher": {"estimator": "gae", "gamma": 1, "lam": 1}},
+    )
+    assert cfg.uses_critic and cfg.estimator_of("generator").estimator == "grpo"
+    assign_advantages(samples, cfg)
+    s2 = 1 / math.sqrt(2)
+    assert [s.advantage for s in samples] == pytest.approx([1.0, 1.0, s2, 0.0, -1.0, -s2])
+    assert [s.returns for s in samples][:2] == pytest.approx([1.0, 1.0])
+
+
+def test_shipped_mask_recipe_gives_each_transition_its_own_return():
+    """M-ASK Algorithm 1: plan r = F1(a_0) = 0, search/summary/update share ΔF1 = 0.5, answer F1(a_1) = 0.5,
+    the <end> search 0. With the shipped recipe every return equals its own reward (GAE with γ = λ = 1 over
+    the interleaved roles gave the plan turn 2.0 and the first search 2.0)."""
+    from pathlib import Path
+
+    from searchteam.training import load_train_run_config
+
+    rewards = [0.0, 0.5, 0.5, 0.5, 0.5, 0.0]  # plan, search, summary, update, answer, search <end>
+    roles = ["plan", "search", "summary", "update", "answer", "search"]
+    for name in ("train-mask-cpu", "train-mask-gpu"):
+        cfg = load_train_run_config(Path(name), {}).train
+        samples = [_sample(r, "q", 0, i, x) for i, (r, x) in enumerate(zip(roles, rewards, strict=True))]
+        assign_advantages(samples, cfg)
+        assert [s.returns for s in samples] == pytest.approx(rewards), name
+        assert [s.advantage for s in samples] == pytest.approx(rewards), name  # V = 0 before training
+
+
+def test_sft_samples_get_no_advantage():
+    samples = [_sample("generator", "q", 0, 0, 1.0), _sample("generator", "q", 1, 0, 0.0)]
+    samples.append(Sample([1], [2], [1], "generator", 1, "q", 0, sft=True))
+    assign_advantages(samples, TrainConfig(estimator="grpo", adv_eps=1e-12))
+    assert samples[2].advantage == 0.0 and samples[0].advantage > 0

@@ -145,3 +145,54 @@ def test_value_loss_is_clipped():
     assert out.stats["value_clip_frac"] == 1.0
     plain = value_loss(values, old, returns, clip_eps=None)
     assert plain.loss.item() == pytest.approx(0.5 * (1.0 + 0.0) / 2)
+
+
+def test_token_entropy_of_a_hand_computed_distribution():
+    """H(½, ¼, ¼) = ½ ln 2 + 2 · ¼ ln 4 = 1.5 ln 2 and a (near) point mass has 0, from shifted logits."""
+    from searchteam.llm.logprobs import token_entropy
+
+    probs = torch.tensor([[0.5, 0.25, 0.25], [1.0 - 2e-9, 1e-9, 1e-9]], dtype=torch.float64)
+    got = token_entropy(torch.log(probs) + 3.0)  # logits are defined up to a constant
+    assert got.tolist() == pytest.approx([1.5 * math.log(2), 0.0], abs=1e-7)
+
+
+def test_entropy_bonus_reverses_the_gradient_of_a_confident_token():
+    """Two tokens, π = softmax(z) with π(chosen) = 0.9, advantage 0.01. The PG loss −A·ρ has
+    ∂/∂z_chosen = −A(1 − π) = −0.001 (raise the chosen token); the entropy H has ∂H/∂z_chosen =
+    −π₀π₁ ln(π₀/π₁) = −0.09 ln 9 = −0.1978, so with c = 0.1 the loss − c·H has ∂/∂z_chosen = +0.0188 (spread
+    the distribution instead)."""
+    from searchteam.llm.logprobs import token_entropy
+
+    def grad(coef: float) -> tuple[float, dict[str, float]]:
+        z = torch.tensor([[[math.log(9.0), 0.0]]], dtype=torch.float64, requires_grad=True)
+        logp = torch.log_softmax(z, -1)[..., 0]
+        out = policy_loss(
+            logp,
+            logp.detach(),
+            torch.tensor([0.01], dtype=torch.float64),
+            torch.ones(1, 1),
+            entropy=token_entropy(z),
+            entropy_coef=coef,
+        )
+        out.loss.backward()
+        return z.grad[0, 0, 0].item(), out.stats
+
+    plain, stats = grad(0.0)
+    bonus, _ = grad(0.1)
+    assert plain == pytest.approx(-0.001)
+    assert bonus == pytest.approx(-0.001 + 0.1 * 0.09 * math.log(9))
+    assert stats["entropy"] == pytest.approx(-(0.9 * math.log(0.9) + 0.1 * math.log(0.1)))
+
+
+def test_sft_loss_is_beta_times_the_mean_token_nll():
+    """DAC Eq. 8 term on target tokens with π = 0.5 and 0.25: β · (ln 2 + ln 4) / 2 = 0.05 · 1.5 ln 2."""
+    import math
+
+    from searchteam.rl.losses import sft_loss
+
+    logprobs = torch.tensor([[math.log(0.5), math.log(0.25), 0.0]], requires_grad=True)
+    out = sft_loss(logprobs, torch.tensor([[1.0, 1.0, 0.0]]), coef=0.05)
+    assert out.loss.item() == pytest.approx(0.05 * 1.5 * math.log(2))
+    assert out.stats["sft_loss"] == pytest.approx(1.5 * math.log(2))
+    out.loss.backward()
+    assert logprobs.grad.tolist() == pytest.approx([[-0.025, -0.025, 0.0]])

@@ -263,3 +263,151 @@ def test_full_finetuning_with_gspo_updates_every_weight(tokenizer, tmp_path: Pat
     assert torch.equal(
         restored.model.get_input_embeddings().weight, policy.model.get_input_embeddings().weight
     )
+
+
+@pytest.fixture
+def fresh_accelerator_state():
+    """accelerate keeps one process-wide state whose mixed precision cannot change once set: tests that
+    need their own start it afresh and leave it fresh."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state()
+    yield
+    AcceleratorState._reset_state()
+
+
+def one_update_config(**overrides) -> TrainConfig:
+    """Every step's 8 samples in one micro-batch: one optimizer step per training step."""
+    return config(**({"micro_batch_size": 8, "grad_accum": 1} | overrides))
+
+
+def test_fp16_grad_scaler_skips_an_inf_step_and_trains_on(tokenizer, tmp_path: Path, fresh_accelerator_state):
+    """fp16 with a grad scaler: the step whose gradients are inf is skipped by the scaler (which halves its
+    scale) without touching the weights, and the next step trains. (Before, the trainer skipped before the
+    scaler's `update()`, so the next `unscale_` raised.) accelerate gives no scaler on CPU, so the trainer
+    gets an fp16 Accelerator holding torch's CPU GradScaler: the code path of CUDA fp16."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(mixed_precision="fp16")
+    accelerator.scaler, accelerator.native_amp = torch.amp.GradScaler("cpu", init_scale=1024.0), True
+    cfg = one_update_config()
+    policy = build_policy(tiny_model(tokenizer), tokenizer, cfg)
+    backwards: list[int] = []
+
+    def inf_on_first_backward(grad: torch.Tensor) -> torch.Tensor:
+        backwards.append(1)
+        return torch.full_like(grad, float("inf")) if len(backwards) == 1 else grad
+
+    next(p for n, p in policy.named_parameters() if "lora_B" in n).register_hook(inf_on_first_backward)
+    trainer = Trainer(
+        policy, scripted_rollout(tokenizer), random_reward, cfg, tmp_path, accelerator=accelerator
+    )
+    before = trainable(policy)
+    first = trainer.train_step()
+    assert first["skipped_updates"] == first["updates"] == 1
+    assert all(torch.equal(before[n], t) for n, t in trainable(policy).items())
+    assert accelerator.scaler.get_scale() == 512.0
+    second = trainer.train_step()
+    assert second["skipped_updates"] == 0 and second["updates"] == 1
+    assert any(not torch.equal(before[n], t) for n, t in trainable(policy).items())
+
+
+def save_tiny(tokenizer, directory: Path) -> str:
+    tiny_model(tokenizer).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+def test_bf16_full_finetuning_loads_fp32_master_weights(tokenizer, tmp_path: Path):
+    """dtype bfloat16: full fine-tuning gets fp32 weights on this process's device (bf16 compute comes from
+    mixed_precision, and without it a warning says so); LoRA keeps the bf16 backbone, and peft's adapters
+    are fp32."""
+    from accelerate import PartialState
+
+    from searchteam.rl.policy import load_policy
+
+    path = save_tiny(tokenizer, tmp_path / "tiny")
+    full = load_policy(path, config(full_ft=True, mixed_precision="bf16"), device="cpu", dtype="bfloat16")
+    assert {p.dtype for p in full.parameters()} == {torch.float32}
+    assert next(full.parameters()).device == PartialState().device
+    lora = load_policy(path, config(mixed_precision="bf16"), device="cpu", dtype="bfloat16")
+    assert {p.dtype for p in lora.parameters() if p.requires_grad} == {torch.float32}
+    assert {p.dtype for p in lora.parameters() if not p.requires_grad} == {torch.bfloat16}
+    with pytest.warns(UserWarning, match="mixed_precision: bf16"):
+        load_policy(path, config(full_ft=True), device="cpu", dtype="bfloat16")
+
+
+def test_bf16_full_finetuning_step_moves_nearly_every_weight(
+    tokenizer, tmp_path: Path, fresh_accelerator_state
+):
+    """One AdamW step at train-mask-gpu's lr 1e-6 under bf16 mixed precision changes (nearly) every fp32
+    master weight (measured: 99.7 %). The same step on pure bf16 weights (what load_policy used to load)
+    changes 0.3 % of them: AdamW moves each weight by ≈ lr, below half a bf16 ulp of any weight above
+    ≈ 2.6e-4 (the issue measured 2 % after 10 steps on the real model); the trainer warns about such
+    weights."""
+    from searchteam.rl.policy import load_policy
+
+    cfg = one_update_config(steps=1, full_ft=True, mixed_precision="bf16", lr=1e-6)
+
+    def rollout(step: int) -> list[Episode]:  # the two answers of a question differ, so do their gradients
+        episodes = scripted_rollout(tokenizer)(step)
+        for ep in episodes[1::2]:
+            ep.turns[-1].completion = "<answer>Rome</answer>"
+            ep.turns[-1].completion_token_ids = tokenizer(ep.turns[-1].completion)["input_ids"]
+        return episodes
+
+    def changed_share(policy: Policy, run: str) -> float:
+        before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+        Trainer(policy, rollout, random_reward, cfg, tmp_path / run).train()
+        after = dict(policy.model.named_parameters())
+        changed = sum(int((after[n] != t).sum()) for n, t in before.items())
+        return changed / sum(t.numel() for t in before.values())
+
+    path = save_tiny(tokenizer, tmp_path / "tiny")
+    master = load_policy(path, cfg, device="cpu", dtype="bfloat16")
+    assert changed_share(master, "fp32") > 0.99
+    pure = build_policy(tiny_model(tokenizer).to(torch.bfloat16), tokenizer, cfg)
+    with pytest.warns(UserWarning, match="trained weights are torch.bfloat16"):
+        assert changed_share(pure, "bf16") < 0.05
+
+
+def test_entropy_is_measured_on_the_completion_logits_and_logged_per_role(tokenizer, tmp_path: Path):
+    """The logprobs pass's entropy equals that of the full-vocabulary (temperature-scaled) logits; the step
+    record carries `entropy/<role>` and their token-weighted mean `entropy`."""
+    from searchteam.llm.logprobs import chosen_token_stats
+
+    model = tiny_model(tokenizer)
+    ids = torch.tensor([tokenizer("The capital of France is Paris")["input_ids"]])
+    with torch.no_grad():
+        got = chosen_token_stats(
+            model, ids, torch.ones_like(ids), torch.tensor([[1, 2, 3]]), 0.7, entropy="detached"
+        ).entropy
+        logp = torch.log_softmax(model(input_ids=ids).logits[0, 1:4].float() / 0.7, dim=-1)
+    assert got[0].tolist() == pytest.approx((-(logp.exp() * logp).sum(-1)).tolist(), abs=1e-5)
+
+    cfg = config(steps=1, temperature=0.7)
+    policy = build_policy(tiny_model(tokenizer), tokenizer, cfg)
+    (record,) = Trainer(policy, scripted_rollout(tokenizer), random_reward, cfg, tmp_path).train()
+    roles = [record["entropy/plan"], record["entropy/answer"]]
+    assert all(0 < h <= torch.log(torch.tensor(float(len(tokenizer)))).item() for h in roles)
+    assert min(roles) <= record["entropy"] <= max(roles)
+    logged = json.loads((tmp_path / "train_log.jsonl").read_text())
+    assert logged["entropy/plan"] == record["entropy/plan"]
+
+
+def test_entropy_bonus_alone_moves_the_policy(tokenizer, tmp_path: Path):
+    """Equal rewards give zero advantages: the step leaves the adapters as they were unless
+    `entropy_coef` > 0, whose gradient alone then moves them."""
+
+    def equal_reward(episodes: list[Episode]) -> None:
+        for ep in episodes:
+            for turn in ep.turns:
+                turn.reward = 1.0
+
+    for coef, moves in ((0.0, False), (0.5, True)):
+        cfg = config(steps=1, entropy_coef=coef)
+        policy = build_policy(tiny_model(tokenizer), tokenizer, cfg)
+        before = trainable(policy)
+        Trainer(policy, scripted_rollout(tokenizer), equal_reward, cfg, tmp_path / str(coef)).train()
+        after = trainable(policy)
+        assert any(not torch.equal(before[n], after[n]) for n in before) == moves

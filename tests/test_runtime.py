@@ -2,14 +2,15 @@ import asyncio
 import json
 
 import pytest
+import yaml
 
 from searchteam.config import ConfigError, RunConfig, load_config
 from searchteam.eval.runner import evaluate, read_results
-from searchteam.factory import Components, build_sampling
+from searchteam.factory import Components, build_sampling, build_team
 from searchteam.llm.base import LLMError
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.runtime import Batcher, Sampling, make_backends, run_episodes
-from searchteam.teams import get_team
+from searchteam.teams import TeamSettings, get_team
 from searchteam.types import Question
 from tests.helpers import PASSAGES, TinyRetriever
 
@@ -132,3 +133,28 @@ def test_config_file_errors_name_the_field(tmp_path):
     cfg = load_config(path, {"top_k": 7, "model": None})
     assert cfg.method == "direct" and cfg.top_k == 7
     assert build_sampling(cfg).for_role("answer").max_new_tokens == 128
+
+
+def test_teams_keep_their_paper_top_k_and_turns_unless_the_config_sets_them():
+    methods = ("dac", "qagent", "search_r1", "decor", "mask", "naive_rag")
+    effective = {m: build_team(RunConfig(method=m)).settings for m in methods}
+    assert {m: (s.top_k, s.max_turns) for m, s in effective.items()} == {
+        "dac": (3, 4),
+        "qagent": (1, 4),
+        "search_r1": (3, 4),
+        "decor": (5, 4),
+        "mask": (5, 4),
+        "naive_rag": (5, 4),
+    }
+    chosen = build_team(RunConfig(method="dac", top_k=7, max_turns=2)).settings
+    assert (chosen.top_k, chosen.max_turns) == (7, 2)
+    assert get_team("qagent", TeamSettings(max_turns=2)).settings.top_k == 1
+
+
+def test_eval_config_records_the_effective_top_k_and_max_turns(tmp_path):
+    cfg = RunConfig(method="search_r1", split="smoke", datasets=["nq"], limit=1, out=tmp_path)
+    llm = ScriptedLLM(lambda req: "<answer>Paris</answer>")
+    parts = Components(team=build_team(cfg), llms={"policy": llm}, retriever=TinyRetriever(PASSAGES))
+    evaluate(cfg, parts, progress=False)
+    written = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert (written["top_k"], written["max_turns"], written["method"]) == (3, 4, "search_r1")

@@ -5,10 +5,11 @@ import pytest
 from searchteam.data import load_benchmark
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
+from searchteam.rewards.schemes import build_reward_scheme
 from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings, get_team
 from searchteam.teams.dac import parse_searcher
-from searchteam.types import Episode, Question
+from searchteam.types import Episode, Passage, Question
 from tests.helpers import PASSAGES, TinyRetriever
 
 QUESTION = Question(id="q", question="Which novelist was German?", golden_answers=["Thomas Mann"])
@@ -30,9 +31,11 @@ def search_once(req: GenerationRequest) -> str:
     return "<think> Find German novelists. </think>\n<search> German novelist </search>"
 
 
-def run(llm, settings: TeamSettings | None = None, training: bool = False, **extra_llms) -> Episode:
+def run(
+    llm, settings: TeamSettings | None = None, training: bool = False, retriever=None, **extra_llms
+) -> Episode:
     team = get_team("dac", settings)
-    backends = make_backends({"policy": llm, **extra_llms}, TinyRetriever(PASSAGES))
+    backends = make_backends({"policy": llm, **extra_llms}, retriever or TinyRetriever(PASSAGES))
     episodes, _ = asyncio.run(
         run_episodes(team.run, "dac", [QUESTION], backends, Sampling(), progress=False, training=training)
     )
@@ -128,6 +131,143 @@ def test_roles_use_per_role_model_names_falling_back_to_the_policy():
     assert len(searcher.requests) == 2 and len(generator.requests) == 1
     shared = run(scripted(search_once))
     assert {t.model for t in shared.turns} == {"policy"}
+
+
+# ---- training: §3.4 probes on partial evidence, §3.3 hard positives -------------------------------------
+
+MANN, GUTERSON, PARIS = PASSAGES
+FILLERS = [Passage(id=f"f{i}", title=f"Filler {i}", text=f"Filler passage number {i}.") for i in range(1, 6)]
+
+
+class RankedRetriever(TinyRetriever):
+    """TinyRetriever, except that the original question gets a fixed ranking (for the top-15 pool)."""
+
+    RANKING = [MANN, *FILLERS, GUTERSON, PARIS]
+
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        found = super().search(queries, k)
+        return [
+            self.RANKING[:k] if q == QUESTION.question else f for q, f in zip(queries, found, strict=True)
+        ]
+
+
+def searching(*queries: str):
+    """A searcher that issues `queries` in order (one per call), then stops."""
+
+    def respond(req: GenerationRequest) -> str:
+        done = req.continuation.count("<information>")
+        if done < len(queries):
+            return f"<think> search </think><search> {queries[done]} </search>"
+        return "<think> enough </think><stop>"
+
+    return respond
+
+
+def answering(req: GenerationRequest) -> str:
+    """A generator that answers iff the Thomas Mann passage is among its documents, else abstains."""
+    if MANN.text in req.messages[-1]["content"]:
+        return "<think> Doc says so. </think><answer> Thomas Mann </answer>"
+    return "<think> Not there. </think><answer> unknown </answer>"
+
+
+def train_run(searcher, generator=answering, **options) -> Episode:
+    llm = ScriptedLLM(lambda req: generator(req) if is_generator(req) else searcher(req))
+    settings = TeamSettings(top_k=1, options=options)
+    return run(llm, settings, training=True, retriever=RankedRetriever(PASSAGES + FILLERS))
+
+
+# the second search finds the evidence; or the first one does and the second adds nothing
+@pytest.mark.parametrize(
+    ("queries", "searcher_rewards"),
+    [
+        (("Paris capital", "German novelist"), [0.0, 1.0, 0.0]),
+        (("German novelist", "Paris capital"), [1.0, 0.0, 0.0]),
+    ],
+)
+def test_training_probes_the_generator_on_partial_evidence_and_rewards_telescope(queries, searcher_rewards):
+    ep = train_run(searching(*queries), hard_positives=False)
+    assert [t.role for t in ep.turns] == ["searcher", "searcher", "generator", "searcher", "generator"]
+    probe, final = ep.turns_of("generator")
+    assert probe.meta == {"probe": True, "frozen": True, "evidence_step": 0}
+    first_docs = ep.retrievals[0].passages[0].text
+    assert first_docs in probe.messages[-1]["content"] and probe.step == 1
+    assert ep.retrievals[1].passages[0].text not in probe.messages[-1]["content"]  # E≤0 only
+    first, second, stop = ep.turns_of("searcher")
+    assert first.meta["partial_abstained"] is (queries[0] == "Paris capital")  # G(Q, E≤0)
+    assert second.meta["partial_abstained"] is False  # G(Q, E≤1) is the final generator call
+    assert "partial_abstained" not in stop.meta and ep.answer == "Thomas Mann"
+    build_reward_scheme("dac")([ep])
+    assert [t.reward for t in ep.turns_of("searcher")] == searcher_rewards
+    assert sum(searcher_rewards) == ep.meta["reward_terms"]["searcher"] == 1.0  # Σ_t r_t = r_S
+    assert probe.reward is None and final.reward == 1.0
+
+
+def test_a_final_abstention_takes_back_the_credit_of_an_earlier_search():
+    def abstains_on_two_documents(req: GenerationRequest) -> str:
+        two = req.messages[-1]["content"].count("Doc ") == 2
+        return "<answer> unknown </answer>" if two else answering(req)
+
+    ep = train_run(
+        searching("German novelist", "Paris capital"), abstains_on_two_documents, hard_positives=False
+    )
+    assert ep.meta["abstained"] is True and ep.turns_of("searcher")[1].meta["partial_abstained"] is True
+    build_reward_scheme("dac")([ep])
+    rewards = [t.reward for t in ep.turns_of("searcher")]
+    assert rewards == [1.0, -1.0, 0.0] and sum(rewards) == ep.meta["reward_terms"]["searcher"] == 0.0
+
+
+def test_hard_positive_adds_three_distractors_in_reverse_rank_order():
+    ep = train_run(searching("Paris capital", "German novelist"), difference_rewards=False)
+    assert [t.role for t in ep.turns] == ["searcher"] * 3 + ["generator"] * 2
+    final, hard = ep.turns_of("generator")
+    pool = ep.retrievals[-1]
+    assert pool.query == QUESTION.question and pool.k == 15
+    assert pool.step == hard.step == final.step > max(t.step for t in ep.turns_of("searcher"))
+    documents = hard.messages[-1]["content"].split("Documents:\n")[1].splitlines()
+    # E = [Paris, Mann]; the pool minus E ranks f1..f5, Guterson: the three lowest-ranked, lowest first
+    titles = ["Paris", "Thomas Mann", "David Guterson", "Filler 5", "Filler 4"]
+    assert [d.split(")")[0] for d in documents] == [f"Doc {i} (Title: {t}" for i, t in enumerate(titles, 1)]
+    assert hard.meta == {
+        "hard_positive": True,
+        "group": "hard_positive",
+        "answer": "Thomas Mann",
+        "abstained": False,
+    }
+    assert final.messages[-1]["content"].count("Doc ") == 2 and "hard_positive" not in final.meta
+
+
+def test_hard_positive_neither_changes_the_answer_nor_counts_toward_sufficiency():
+    def distracted(req: GenerationRequest) -> str:  # never abstains, misled by the fillers
+        misled = "Filler" in req.messages[-1]["content"]
+        return f"<answer> {'Filler' if misled else 'Thomas Mann'} </answer>"
+
+    ep = train_run(searching("Paris capital", "German novelist"), distracted)
+    probe, final, hard = ep.turns_of("generator")
+    assert hard.meta["answer"] == "Filler" and ep.answer == "Thomas Mann" and ep.meta["abstained"] is False
+    assert MANN in ep.retrievals[-1].passages  # the top-15 pool holds the gold passage, ...
+    build_reward_scheme("dac")([ep])
+    # ... but only the searcher's retrievals count: E≤0 = [Paris] is insufficient though G(Q, E≤0) answered
+    assert [t.reward for t in ep.turns_of("searcher")] == [0.0, 1.0, 0.0]
+    assert (probe.reward, final.reward, hard.reward) == (None, 1.0, 0.0)
+    assert ep.meta["reward_terms"]["hard_positives"] == 1.0
+
+    insufficient = train_run(searching("Paris capital"), distracted)
+    assert len(insufficient.retrievals) == 1 and len(insufficient.turns_of("generator")) == 1
+
+
+def test_no_probes_or_hard_positives_at_inference_or_when_switched_off():
+    llm = ScriptedLLM(
+        lambda req: (
+            answering(req) if is_generator(req) else searching("Paris capital", "German novelist")(req)
+        )
+    )
+    ep = run(llm, TeamSettings(top_k=1), retriever=RankedRetriever(PASSAGES + FILLERS))
+    assert [t.role for t in ep.turns] == ["searcher"] * 3 + ["generator"]
+    assert len(ep.retrievals) == 2 and not any("partial_abstained" in t.meta for t in ep.turns)
+    off = train_run(
+        searching("Paris capital", "German novelist"), difference_rewards=False, hard_positives=False
+    )
+    assert [t.role for t in off.turns] == ["searcher"] * 3 + ["generator"] and len(off.retrievals) == 2
 
 
 def test_parse_searcher():

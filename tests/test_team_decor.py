@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from searchteam.data import load_benchmark
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
@@ -54,11 +56,11 @@ def scripted(**replies: list[str] | str) -> ScriptedLLM:
     return ScriptedLLM(respond)
 
 
-def run(llm: ScriptedLLM, *, max_turns: int = 4, **options: int) -> Episode:
+def run(llm: ScriptedLLM, *, max_turns: int = 4, training: bool = False, **options: int) -> Episode:
     team = get_team("decor", TeamSettings(max_turns=max_turns, top_k=5, options=options))
     backends = make_backends({"policy": llm}, TinyRetriever(DOCS))
     episodes, _ = asyncio.run(
-        run_episodes(team.run, "decor", [QUESTION], backends, Sampling(), progress=False)
+        run_episodes(team.run, "decor", [QUESTION], backends, Sampling(), progress=False, training=training)
     )
     assert episodes[0].error is None, episodes[0].error
     return episodes[0]
@@ -161,6 +163,42 @@ def test_malformed_outputs_are_flagged_with_fallbacks():
     assert ep.states[-1]["memory"][0] == {"query": None, "evidence": "Thomas Mann was a German novelist."}
 
 
+def test_training_episode_ends_at_the_first_format_violation():
+    # §4.3: in training the first broken planner/filter/answerer output truncates the episode (R = −1)
+    bad_filter = scripted(filter="Thomas Mann was German.")
+    trained = run(bad_filter, training=True)
+    assert [t.role for t in trained.turns] == ["planner", "filter"] and trained.answer == ""
+    assert trained.meta["truncated_at"] == {"role": "filter", "step": 1, "error": "missing <filter> tag"}
+    assert not trained.states  # the broken evidence never entered the memory
+
+    bad_planner = run(scripted(planner=["<search>Thomas Mann</search>"]), training=True)
+    assert [t.role for t in bad_planner.turns] == ["planner"] and not bad_planner.retrievals
+    assert bad_planner.meta["truncated_at"]["role"] == "planner"
+
+    bad_answer = run(scripted(answerer="Thomas Mann"), max_turns=1, training=True)
+    assert [t.role for t in bad_answer.turns] == ["planner", "filter", "answerer"]
+    assert bad_answer.answer == "" and bad_answer.meta["truncated_at"]["role"] == "answerer"
+
+    good = run(scripted(), max_turns=2, training=True)
+    assert "truncated_at" not in good.meta and good.answer == "Thomas Mann"
+
+
+def test_inference_episode_continues_on_fallbacks():
+    ep = run(scripted(filter="Thomas Mann was German."), max_turns=2)
+    assert [t.role for t in ep.turns] == ["planner", "filter", "planner", "filter", "answerer"]
+    assert "truncated_at" not in ep.meta and ep.answer == "Thomas Mann"
+    asked = run(scripted(filter="Thomas Mann was German."), max_turns=2, truncate_on_format_error=True)
+    assert [t.role for t in asked.turns] == ["planner", "filter"]
+
+
+def test_token_caps_leave_room_for_think_and_tag():
+    llm = scripted()
+    run(llm, max_turns=1)
+    caps = {role_of(r): r.sampling.max_new_tokens for r in llm.requests}
+    assert caps == {"planner": 256, "filter": 384, "answerer": 256}
+
+
+@pytest.mark.model
 def test_real_model_end_to_end(default_llm, bm25):
     question = load_benchmark(["hotpotqa"], "smoke")[0]
     team = get_team("decor", TeamSettings(max_turns=1, top_k=1))

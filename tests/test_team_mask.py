@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from searchteam.data import load_benchmark
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
@@ -151,6 +153,29 @@ def test_search_prompt_shows_history_and_trajectory():
     assert PASSAGES[0].text in ep.turns_of("summary")[0].messages[-1]["content"]
 
 
+def test_search_prompt_ends_with_the_papers_reminder():
+    ep = run(scripted(default_replies(search="<end>")))
+    reminder = (
+        "Output only one of the following two formats:\n<search>Your query here</search>\n<end>\n\n"
+        "Do not include any extra text, explanations, or other tags."
+    )
+    (search,) = ep.turns_of("search")
+    assert search.messages[-1]["content"].endswith(f"Search history:\n(empty)\n\n{reminder}")
+    assert search.messages[1]["content"].endswith(reminder)  # the example exchange shows the same turn
+
+
+def test_update_agent_input_is_the_same_in_training_and_at_inference():
+    def update_prompts(training: bool) -> list[str]:
+        answers = [f"<predicted_answer>guess {i}</predicted_answer>" for i in range(1, 3)]
+        ep = run(scripted(default_replies(answer=answers)), max_turns=2, training=training)
+        return [t.messages[-1]["content"] for t in ep.turns_of("update")]
+
+    trained, inferred = update_prompts(True), update_prompts(False)
+    assert trained == inferred and len(trained) == 2  # a_1 = "guess 1" in training, a_0 at inference
+    assert all("guess" not in p and "Predicted answer" not in p for p in trained)
+    assert trained[1].startswith(f"Original question: {QUESTION.question}\nThinking trajectory:\nt1. Q:")
+
+
 def test_malformed_plan_and_update_fall_back_and_are_flagged():
     plan = parse_plan("I think it is Mann.", "Q?")
     assert plan.state.trajectory == (Step("Q?", "unknown"),) and plan.errors
@@ -179,6 +204,7 @@ def test_malformed_search_searches_the_question_first_then_ends():
     assert searches[1].meta["action"] == "end"
 
 
+@pytest.mark.model
 def test_real_model_end_to_end(default_llm, bm25):
     question = load_benchmark(["hotpotqa"], "smoke")[0]
     team = get_team("mask", TeamSettings(max_turns=1, top_k=1))

@@ -119,6 +119,7 @@ def test_submodule_mode_hands_deduplicated_passages_to_the_generator():
 def test_submodule_generator_falls_back_to_the_policy_model():
     ep, _ = run(search_then_answer, {"mode": "submodule"})
     assert ep.turns[-1].role == "generator" and ep.turns[-1].model == "policy"
+    assert ep.turns[-1].meta["frozen"] is True  # §3.4's generator is frozen: never a training sample
 
 
 def test_unknown_mode_is_a_clear_error():

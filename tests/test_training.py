@@ -4,9 +4,17 @@ from pathlib import Path
 
 import pytest
 
-from searchteam.config import SHIPPED_CONFIGS
+from searchteam.config import SHIPPED_CONFIGS, ConfigError
 from searchteam.rewards.schemes import reward_methods
-from searchteam.training import load_train_run_config, questions_for_step
+from searchteam.rl.config import TrainConfig
+from searchteam.training import (
+    check_reward_placement,
+    frozen_generator,
+    load_train_run_config,
+    questions_for_step,
+    resample_questions,
+    sampling_seed,
+)
 
 
 @pytest.mark.parametrize("path", sorted(SHIPPED_CONFIGS.glob("train-*.yaml")), ids=lambda p: p.stem)
@@ -15,11 +23,69 @@ def test_every_shipped_training_config_validates(path: Path):
     assert cfg.method in reward_methods() and cfg.train.steps >= 1
 
 
+def test_every_shipped_recipe_places_rewards_as_its_estimator_counts_them():
+    from searchteam.rewards.schemes import build_reward_scheme
+
+    for config in sorted(SHIPPED_CONFIGS.glob("train-*.yaml")):
+        cfg = load_train_run_config(Path(config.stem), {})
+        placement = getattr(build_reward_scheme(cfg.method, cfg.reward).options, "placement", None)
+        check_reward_placement(placement, cfg.train)
+
+
+def test_every_turn_outcome_is_refused_where_returns_sum():
+    """JADE with GAE γ = λ = 1 and the outcome on every turn: a 4-turn episode with R = 0.967 got returns
+    3.87, 2.90, 1.93, 0.97. The trainer refuses that placement (and with merged continuation chains)."""
+    with pytest.raises(ConfigError, match="last_turn"):
+        check_reward_placement("every_turn", TrainConfig(estimator="gae", gamma=1.0))
+    with pytest.raises(ConfigError, match="last_turn"):
+        check_reward_placement("every_turn", TrainConfig(estimator="grpo", merge_continuations=True))
+    with pytest.raises(ConfigError, match="every_turn"):
+        check_reward_placement("last_turn", TrainConfig(estimator="grpo"))
+    check_reward_placement("every_turn", TrainConfig(estimator="gae", gamma=0.0))  # per-transition returns
+    check_reward_placement("last_turn", TrainConfig(estimator="gae"))
+    jade = load_train_run_config(Path("train-jade-cpu"), {"reward": {"placement": "every_turn"}})
+    with pytest.raises(ConfigError):
+        check_reward_placement("every_turn", jade.train)
+
+
+def test_a_method_without_config_trains_with_its_paper_recipe():
+    cfg = load_train_run_config(None, {"method": "mask", "device": "cpu"})
+    assert cfg.recipe and cfg.recipe.endswith("train-mask-cpu.yaml")
+    assert cfg.train.estimator == "gae" and cfg.max_turns == 1
+    generic = load_train_run_config(None, {"method": "ircot", "device": "cpu"})
+    assert generic.recipe is None and generic.train.estimator == "grpo"
+
+
+def test_qagent_stage_two_always_rewards_a_frozen_generator():
+    cfg = load_train_run_config(
+        Path("train-qagent-cpu"), {"reward": {"stage": 2}, "options": {"mode": "submodule"}}
+    )
+    assert frozen_generator(cfg) == {"generator": cfg.model}  # a separate copy, not the trained policy
+    named = cfg.model_copy(update={"extra_models": {"generator": "qwen2.5-coder-0.5b"}})
+    assert frozen_generator(named) == {"generator": "qwen2.5-coder-0.5b"}
+    with pytest.raises(ConfigError, match="submodule"):
+        frozen_generator(cfg.model_copy(update={"options": {}}))
+
+
 def test_questions_for_step_is_a_function_of_seed_and_step():
     qs = list(range(10))
     assert questions_for_step(qs, 3, 2, seed=1) == questions_for_step(qs, 3, 2, seed=1)
     epoch = [q for step in range(5) for q in questions_for_step(qs, step, 2, seed=1)]
     assert sorted(epoch) == qs
+
+
+def test_each_process_rolls_out_its_own_share_with_its_own_seed():
+    """Two processes split the step's 4 questions 2 + 2 (together: the single-process batch), and every
+    (step, rank) samples with its own seed."""
+    qs = list(range(20))
+    whole = questions_for_step(qs, 3, 4, seed=1)
+    shards = [questions_for_step(qs, 3, 4, seed=1, rank=r, world=2) for r in range(2)]
+    assert len(shards[0]) == len(shards[1]) == 2 and not set(shards[0]) & set(shards[1])
+    assert sorted(shards[0] + shards[1]) == sorted(whole)
+    with pytest.raises(ValueError, match="multiple of the number of processes"):
+        questions_for_step(qs, 3, 3, seed=1, rank=0, world=2)
+    seeds = {sampling_seed(1, step, rank) for step in range(3) for rank in range(4)}
+    assert len(seeds) == 12 and sampling_seed(1, 2, 3) == sampling_seed(1, 2, 3)
 
 
 def test_two_training_steps_with_the_real_default_model(tmp_path):
@@ -60,8 +126,24 @@ def test_two_training_steps_with_the_real_default_model(tmp_path):
     for r in records:
         assert r["episodes"] == 2 and r["samples/agent"] >= 2 and r["skipped_updates"] == 0
         assert r["time/rollout"] > 0 and r["time/update"] > 0
+    resolved = yaml.safe_load((run / "config.yaml").read_text())
+    assert resolved["top_k"] == 1 and resolved["max_turns"] == 1
     checkpoint = run / "checkpoints" / "step-000002"
     assert (checkpoint / "policy" / "adapters" / "policy").is_dir()
     trained = build_llm(str(checkpoint), device="cpu")
     request = GenerationRequest([{"role": "user", "content": "Hi"}], SamplingParams(max_new_tokens=4))
     assert trained.generate([request])[0].completion_tokens > 0
+
+
+def test_resampling_rounds_draw_fresh_questions_with_fresh_seeds():
+    from searchteam.types import Question
+
+    qs = [Question(id=f"q{i}", question="?") for i in range(20)]
+    step_ids = {q.id for q in questions_for_step(qs, 3, 4, seed=1)}
+    first, second = (resample_questions(qs, 3, a, 4, seed=1) for a in (1, 2))
+    assert len(first) == len(second) == 4
+    assert not step_ids & {q.id for q in first + second} and not {q.id for q in first} & {
+        q.id for q in second
+    }
+    assert resample_questions(qs, 3, 1, 4, seed=1) == first
+    assert len({sampling_seed(1, 3, 0, a) for a in range(3)}) == 3

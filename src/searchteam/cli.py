@@ -36,8 +36,10 @@ BackendOpt = Annotated[str | None, typer.Option(help="hf | openai | vllm")]
 BaseUrlOpt = Annotated[str | None, typer.Option(help="OpenAI-compatible server URL for --backend openai.")]
 RetrieverOpt = Annotated[str | None, typer.Option(help="bm25 | dense | http://host:port of serve-retriever.")]
 DeviceOpt = Annotated[str | None, typer.Option(help="cpu | cuda | auto")]
-TopKOpt = Annotated[int | None, typer.Option(help="Passages per search.")]
-MaxTurnsOpt = Annotated[int | None, typer.Option(help="Maximum search rounds for iterative methods.")]
+TopKOpt = Annotated[int | None, typer.Option(help="Passages per search (default: the method's paper value).")]
+MaxTurnsOpt = Annotated[
+    int | None, typer.Option(help="Maximum search rounds for iterative methods (default: the paper's).")
+]
 TempOpt = Annotated[float | None, typer.Option(help="Sampling temperature (0 = greedy).")]
 MaxNewOpt = Annotated[int | None, typer.Option(help="Default max new tokens per LLM call.")]
 BatchOpt = Annotated[int | None, typer.Option(help="Max requests per batched model call.")]

@@ -36,8 +36,8 @@ class RunConfig(BaseModel):
     embedder: str | None = None
     query_prefix: str = ""
     passage_prefix: str = ""
-    top_k: int = Field(5, ge=1, le=100)
-    max_turns: int = Field(4, ge=1, le=32)
+    top_k: int | None = Field(None, ge=1, le=100, description="Passages per search; unset: the paper's.")
+    max_turns: int | None = Field(None, ge=1, le=32, description="Search rounds; unset: the paper's.")
     temperature: float = Field(0.0, ge=0.0, le=5.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(128, ge=1, le=32768)

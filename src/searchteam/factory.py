@@ -19,6 +19,7 @@ class Components:
 
 
 def build_team(config: RunConfig) -> Team:
+    """The method's team; `top_k`/`max_turns` left unset in the config keep the team's paper defaults."""
     settings = TeamSettings(top_k=config.top_k, max_turns=config.max_turns, options=config.options)
     return get_team(config.method, settings)
 

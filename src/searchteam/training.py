@@ -9,11 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
+from accelerate import PartialState
 from pydantic import Field
 
-from searchteam.config import RunConfig, load_config
+from searchteam.config import SHIPPED_CONFIGS, ConfigError, RunConfig, load_config
 from searchteam.data.benchmark import load_benchmark, load_questions
+from searchteam.eval.runner import effective_config
 from searchteam.factory import build_sampling, build_team
 from searchteam.llm import build_llm
 from searchteam.llm.hf import HFBackend
@@ -36,16 +39,64 @@ class TrainRunConfig(RunConfig):
     questions_per_step: int = Field(4, ge=1)
     reward: dict[str, Any] = Field(default_factory=dict, description="options of the method's reward scheme")
     judge_model: str | None = Field(None, description="LLM judge for reward schemes that use one (DECOR)")
+    recipe: str | None = Field(None, description="the shipped config the run started from (set by the CLI)")
     train: TrainConfig = Field(default_factory=TrainConfig)
 
 
+def default_recipe(method: str, device: str | None = None) -> Path | None:
+    """The shipped training config of `method` for the device at hand (`train-METHOD-gpu` on CUDA when one
+    ships, else `train-METHOD-cpu`), or None when the method has no recipe."""
+    cuda = device.startswith("cuda") if device and device != "auto" else torch.cuda.is_available()
+    kinds = ("gpu", "cpu") if cuda else ("cpu",)
+    found = [SHIPPED_CONFIGS / f"train-{method}-{kind}.yaml" for kind in kinds]
+    return next((p for p in found if p.exists()), None)
+
+
 def load_train_run_config(path: Path | None, overrides: dict[str, Any]) -> TrainRunConfig:
+    """A training config from `path`, else the method's paper recipe (`default_recipe`), else the generic
+    defaults; then the CLI overrides. `recipe` names what the run started from."""
     train_overrides = {k: overrides.pop(k) for k in ("steps",) if overrides.get(k) is not None}
+    if path is None and overrides.get("method"):
+        path = default_recipe(overrides["method"], overrides.get("device"))
     cfg = load_config(path, overrides, TrainRunConfig)
     assert isinstance(cfg, TrainRunConfig)
+    if path is not None:
+        cfg.recipe = str(path)
     if train_overrides:
         cfg.train = TrainConfig.model_validate({**cfg.train.model_dump(), **train_overrides})
     return cfg
+
+
+def check_reward_placement(placement: str | None, train: TrainConfig) -> None:
+    """Refuse reward placements that the estimator would miscount. GAE with γ > 0 and merged continuation
+    chains sum the rewards of later turns, so an outcome repeated on every turn (`every_turn`) would be
+    counted once per remaining turn (JADE: a 4-turn episode with R = 0.967 got returns 3.87 … 0.97). Group
+    estimators score a trajectory by the mean reward of its turns, so `last_turn` would divide the outcome
+    by the number of turns."""
+    if placement == "every_turn" and train.sums_returns:
+        why = "merge_continuations" if train.merge_continuations else "GAE with gamma > 0"
+        raise ConfigError(
+            f"reward placement 'every_turn' with {why} counts the outcome once per remaining turn: "
+            "set reward.placement: last_turn"
+        )
+    group_only = not train.uses_critic and not train.merge_continuations
+    if placement == "last_turn" and group_only:
+        raise ConfigError(
+            f"reward placement 'last_turn' with estimator '{train.estimator}' scores a trajectory by the "
+            "mean of its turn rewards, i.e. the outcome divided by its turns: "
+            "set reward.placement: every_turn"
+        )
+
+
+def frozen_generator(cfg: TrainRunConfig) -> dict[str, str]:
+    """QAgent stage 2 (§3.4) trains the agent for a FROZEN generator: unless the run names one
+    (`extra_models.generator`), a separate copy of the base model serves it, never the trained policy."""
+    stage2 = cfg.method == "qagent" and int(cfg.reward.get("stage", 1)) == 2
+    if not stage2 or "generator" in cfg.extra_models:
+        return dict(cfg.extra_models)
+    if cfg.options.get("mode") != "submodule":
+        raise ConfigError("qagent stage 2 rewards a frozen generator's answer: set options.mode: submodule")
+    return {**cfg.extra_models, "generator": cfg.model}
 
 
 def training_questions(cfg: TrainRunConfig) -> list[Question]:
@@ -54,19 +105,62 @@ def training_questions(cfg: TrainRunConfig) -> list[Question]:
     return load_benchmark(cfg.datasets or DEFAULT_TRAIN_DATASETS, cfg.split, cfg.limit)
 
 
-def questions_for_step(questions: list[Question], step: int, per_step: int, seed: int) -> list[Question]:
-    """Epoch-wise shuffled batches that depend only on (seed, step), so a resumed run sees the same data."""
+def questions_for_step(
+    questions: list[Question], step: int, per_step: int, seed: int, *, rank: int = 0, world: int = 1
+) -> list[Question]:
+    """Process `rank`'s share of step `step`'s `per_step` questions. The step's batches are epoch-wise
+    shuffled and depend only on (seed, step), so a resumed run sees the same data; each of the `world`
+    processes takes every `world`-th question of the batch, so no two roll out the same question and all
+    of a question's group stays on one process."""
+    if per_step % world:
+        raise ValueError(
+            f"questions_per_step ({per_step}) must be a multiple of the number of processes ({world}): "
+            "each process rolls out an equal share of the step's questions"
+        )
     epoch_len = max(1, len(questions) // per_step)
     epoch, index = divmod(step, epoch_len)
     order = list(range(len(questions)))
     random.Random(f"{seed}:{epoch}").shuffle(order)
-    return [questions[i] for i in order[index * per_step : (index + 1) * per_step]]
+    return [questions[i] for i in order[index * per_step : (index + 1) * per_step][rank::world]]
+
+
+def resample_questions(
+    questions: list[Question],
+    step: int,
+    attempt: int,
+    per_step: int,
+    seed: int,
+    *,
+    rank: int = 0,
+    world: int = 1,
+) -> list[Question]:
+    """Fresh questions for DAPO's re-sampling round `attempt` (≥ 1) of `step`: the `attempt`-th batch of a
+    shuffle (fixed by seed and step) of the questions outside the step's own batch, sharded like it."""
+    taken = {q.id for q in questions_for_step(questions, step, per_step, seed)}
+    rest = [q for q in questions if q.id not in taken]
+    random.Random(f"{seed}:{step}:resample").shuffle(rest)
+    return rest[(attempt - 1) * per_step : attempt * per_step][rank::world]
+
+
+def sampling_seed(seed: int, step: int, rank: int, attempt: int = 0) -> int:
+    """The torch seed of process `rank`'s rollouts at `step` (and re-sampling round `attempt`): distinct per
+    process and round (no duplicated samples) and reproducible per step (a resumed run samples as the
+    straight one did)."""
+    key = f"{seed}:{step}:{rank}" + (f":{attempt}" if attempt else "")
+    return random.Random(key).getrandbits(63)
+
+
+def compute_dtype(train: TrainConfig):
+    """The dtype rollouts compute in when full fine-tuning holds fp32 weights under mixed precision."""
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(train.mixed_precision)
+    return half if train.full_ft else None
 
 
 def make_rollout(
     cfg: TrainRunConfig, team: Team, policy: Policy, questions: list[Question]
-) -> Callable[[int], list[Episode]]:
-    """Rollouts with the current weights: the hf backend shares the policy model (per-role adapters are
+) -> Callable[..., list[Episode]]:
+    """Rollouts with the current weights (`rollout(step)`, or `rollout(step, attempt)` for a DAPO
+    re-sampling round on fresh questions): the hf backend shares the policy model (per-role adapters are
     switched by role before each batch). Each question runs `group_size` times with training=True."""
     backend = HFBackend(
         cfg.model,
@@ -74,15 +168,23 @@ def make_rollout(
         tokenizer=policy.tokenizer,
         logprobs=cfg.train.old_logprobs == "rollout",  # otherwise the trainer recomputes π_old
         activate=policy.activate if cfg.train.lora_per_role else None,
+        autocast=compute_dtype(cfg.train),  # full fine-tuning keeps fp32 master weights
     )
     extra = {
-        name: build_llm(model, backend="hf", device=cfg.device) for name, model in cfg.extra_models.items()
+        name: build_llm(model, backend="hf", device=cfg.device)
+        for name, model in frozen_generator(cfg).items()
     }
     retriever = build_retriever(cfg.retriever, corpus=cfg.corpus) if team.uses_retrieval else None
     sampling = build_sampling(cfg)
 
-    def rollout(step: int) -> list[Episode]:
-        batch = questions_for_step(questions, step, cfg.questions_per_step, cfg.seed)
+    def rollout(step: int, attempt: int = 0) -> list[Episode]:
+        rank, world = PartialState().process_index, PartialState().num_processes
+        per_step, shard = cfg.questions_per_step, {"rank": rank, "world": world}
+        if attempt:
+            batch = resample_questions(questions, step, attempt, per_step, cfg.seed, **shard)
+        else:
+            batch = questions_for_step(questions, step, per_step, cfg.seed, **shard)
+        torch.manual_seed(sampling_seed(cfg.seed, step, rank, attempt))
         copies = [
             q.model_copy(update={"meta": {**q.meta, "replica": r}})
             for q in batch
@@ -116,10 +218,15 @@ def build_trainer(
     cfg: TrainRunConfig, out: Path, accelerator=None, on_step: Callable[[dict], None] | None = None
 ) -> Trainer:
     team = build_team(cfg)
+    reward = build_reward_scheme(cfg.method, cfg.reward)  # validates the options before loading models
+    check_reward_placement(getattr(getattr(reward, "options", None), "placement", None), cfg.train)
+    frozen_generator(cfg)
     policy = load_policy(cfg.model, cfg.train, device=cfg.device, dtype=cfg.dtype)
-    judge = build_llm(cfg.judge_model, device=cfg.device) if cfg.judge_model else None
-    reward = build_reward_scheme(cfg.method, cfg.reward, judge=judge)
+    if cfg.judge_model:
+        reward = build_reward_scheme(
+            cfg.method, cfg.reward, judge=build_llm(cfg.judge_model, device=cfg.device)
+        )
     rollout = make_rollout(cfg, team, policy, training_questions(cfg))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    (out / "config.yaml").write_text(yaml.safe_dump(effective_config(cfg, team), sort_keys=False))
     return Trainer(policy, rollout, reward, cfg.train, out, accelerator=accelerator, on_step=on_step)

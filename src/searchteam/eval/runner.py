@@ -17,6 +17,7 @@ from searchteam.data.benchmark import load_benchmark, load_questions
 from searchteam.eval.summary import result_row, summarize
 from searchteam.factory import Components, build_components, build_sampling, build_team
 from searchteam.runtime import make_backends, run_episodes
+from searchteam.teams import Team
 from searchteam.types import Episode, Question
 
 
@@ -59,6 +60,15 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def effective_config(config: RunConfig, team: Team) -> dict[str, Any]:
+    """The run config as written to `config.yaml`, with the `top_k` and `max_turns` the team actually uses
+    (its paper defaults where the config left them unset)."""
+    return config.model_dump(mode="json") | {
+        "top_k": team.settings.top_k,
+        "max_turns": team.settings.max_turns,
+    }
+
+
 def evaluate(
     config: RunConfig, components: Components | None = None, progress: bool = True
 ) -> dict[str, Any]:
@@ -77,7 +87,7 @@ def evaluate(
     previous = read_results(results_path)
     done = {row["id"] for row in previous}
     todo = [q for q in questions if q.id not in done]
-    (out / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    (out / "config.yaml").write_text(yaml.safe_dump(effective_config(config, team), sort_keys=False))
 
     seconds_before = _previous_seconds(out / "summary.json") if config.resume else 0.0
     started = time.perf_counter()

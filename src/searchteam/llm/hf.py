@@ -42,11 +42,16 @@ class HFBackend:
         tokenizer=None,
         seed: int | None = None,
         activate: Callable[[str], None] | None = None,
+        autocast: torch.dtype | None = None,
     ) -> None:
         """`activate(role)`, when given, is called before generating for each role's requests (one LoRA
-        adapter per role); requests are then batched per role."""
+        adapter per role); requests are then batched per role. `autocast` (e.g. bfloat16) computes in that
+        dtype over fp32 weights (a fully fine-tuned policy keeps fp32 master weights)."""
         self.name = name
-        self.device = pick_device(device)
+        if model is not None and device is None:  # a shared model stays where it is (this rank's GPU)
+            self.device = str(next(model.parameters()).device)
+        else:
+            self.device = pick_device(device)
         self.want_logprobs = logprobs
         self.activate = activate
         if model is None:
@@ -60,6 +65,7 @@ class HFBackend:
         self.model.eval()
         self._lock = threading.Lock()
         self._generator_seed = seed
+        self._autocast = autocast
 
     def render(self, request: GenerationRequest) -> str:
         """The exact prompt text: chat template with generation prompt, plus any assistant continuation."""
@@ -106,17 +112,17 @@ class HFBackend:
             kwargs.update(stop_strings=list(sampling.stop), tokenizer=tok)
         if self._generator_seed is not None:
             torch.manual_seed(self._generator_seed)
-        sequences = self.model.generate(**enc, **kwargs)
+        with self._precision():
+            sequences = self.model.generate(**enc, **kwargs)
         prompt_len = enc["input_ids"].shape[1]
         completions = []
         eos_ids = self._eos_ids()
         for row in range(len(requests)):
             prompt_ids = enc["input_ids"][row][enc["attention_mask"][row].bool()].tolist()
-            new_ids = sequences[row, prompt_len:].tolist()
-            new_ids, hit_eos = _cut_at_eos(new_ids, eos_ids)
-            text = tok.decode(new_ids, skip_special_tokens=True)
-            text, hit_stop = truncate_at_stop(text, sampling.stop)
-            finish = "stop" if hit_eos or hit_stop else "length"
+            new_ids, text, stopped = _cut_completion(
+                sequences[row, prompt_len:].tolist(), eos_ids, sampling.stop, _decoder(tok)
+            )
+            finish = "stop" if stopped else "length"
             completions.append(
                 Completion(
                     text=text,
@@ -128,8 +134,13 @@ class HFBackend:
                 )
             )
         if self.want_logprobs:
-            self._attach_logprobs(completions, sampling)
+            with self._precision():
+                self._attach_logprobs(completions, sampling)
         return completions
+
+    def _precision(self) -> torch.autocast:
+        device_type = torch.device(self.device).type
+        return torch.autocast(device_type, dtype=self._autocast, enabled=self._autocast is not None)
 
     def _eos_ids(self) -> set[int]:
         ids = self.model.generation_config.eos_token_id
@@ -162,12 +173,37 @@ class HFBackend:
                 c.logprobs = logp[row, : len(c.token_ids)].tolist()
 
 
-def _cut_at_eos(ids: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
-    """Generated ids up to and including the first end-of-sequence token (the rest is padding)."""
-    for i, tid in enumerate(ids):
-        if tid in eos_ids:
-            return ids[: i + 1], True
-    return ids, False
+def _decoder(tokenizer) -> Callable[[list[int]], str]:
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _cut_completion(
+    ids: list[int], eos_ids: set[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]
+) -> tuple[list[int], str, bool]:
+    """The sampled part of one row of a batched generate: its ids, text and whether it stopped (else it ran
+    to the token limit). A row that finished early is filled with pad ids, and pad is often an EOS id, so
+    the row ends at the first token whose prefix decodes to a stop string (the padding that follows is
+    not sampled, EOS-valued or not), else at the first EOS inclusive (then a real, sampled EOS). The text
+    is the kept ids' text cut right after the stop string, as `truncate_at_stop` does."""
+    first_eos = next((i for i, tid in enumerate(ids) if tid in eos_ids), None)
+    head = ids if first_eos is None else ids[: first_eos + 1]
+    text, hit_stop = truncate_at_stop(decode(head), stop)
+    if hit_stop:
+        head = head[: _stop_end(head, stop, decode)]
+        text, _ = truncate_at_stop(decode(head), stop)
+    return head, text, hit_stop or first_eos is not None
+
+
+def _stop_end(ids: list[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]) -> int:
+    """The fewest leading ids whose text holds a stop string (binary search; `ids` as a whole holds one)."""
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if truncate_at_stop(decode(ids[:mid]), stop)[1]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def _load(name: str, dtype: torch.dtype):

@@ -472,13 +472,18 @@ class DacReward:
     - searcher: r_S = 1[s ∧ ¬abstained] (Eq. 1);
     - generator: r_G = 1[EM ∨ (¬s ∧ abstained)] (Eq. 2); a generator turn with `meta["hard_positive"]`
       (§3.3) is scored with s = 1, i.e. 1[EM of its own `meta["answer"]`] (its completion's `<answer>` if
-      that is not recorded).
+      that is not recorded). Frozen generator turns (`meta["frozen"]`: the team's §3.4 probes on partial
+      evidence) get no reward. When the clean generator turn answered right (EM) and a hard-positive turn
+      did not, that turn gets `meta["sft_target"]` = the clean completion: the pseudo-target of the auxiliary
+      SFT loss (Appendix D, Eq. 7), which the trainer uses when `sft_coef` > 0.
     Searcher credit (§3.4): when searcher turns carry `meta["partial_reward"]` (R(E≤t), the search reward as
-    if the evidence up to turn t were final) or `meta["partial_abstained"]` (then R(E≤t) =
-    1[s(E≤t) ∧ ¬partial_abstained] with E≤t the passages retrieved at steps ≤ t), turn t gets the
-    difference r_t = R(E≤t) − R(E≤t−1), R(E≤0) = 0. A turn without either carries R(E≤t−1) forward, and the
-    last searcher turn's R is the final r_S, so Σ_t r_t = r_S exactly. Otherwise (or with
-    `difference_rewards=False`) the last searcher turn gets r_S and earlier ones 0.
+    if the evidence up to turn t were final) or `meta["partial_abstained"]` (whether G(Q, E≤t) abstained;
+    then R(E≤t) = r_S(Q, E≤t, G(Q, E≤t)) = 1[s(E≤t) ∧ ¬partial_abstained] with E≤t the passages retrieved
+    at steps ≤ t), turn t gets the difference r_t = R(E≤t) − R(E≤t−1), R(E≤0) = 0 (empty evidence is never
+    sufficient). A turn without either (a `<stop>` or an invalid action) carries R(E≤t−1) forward, and the
+    last searcher turn's R is the final r_S, so Σ_t r_t = r_S exactly and, with γ = 1, the return from
+    turn t is r_S − R(E≤t−1). Otherwise (or with `difference_rewards=False`) the last searcher turn gets r_S
+    and earlier ones 0.
     Outcome (`meta["reward"]`): EM of the final answer."""
 
     def __init__(self, options: DacOptions) -> None:
@@ -515,11 +520,16 @@ class DacReward:
                 current = previous
             turn.reward = current - previous if partial else current
             previous = current
-        for turn in episode.turns_of("generator"):
-            if turn.meta.get("hard_positive"):
-                turn.reward = exact_match(self._own_answer(turn), golds)
-            else:
+        generators = [t for t in episode.turns_of("generator") if not t.meta.get("frozen")]
+        clean = next((t for t in generators if not t.meta.get("hard_positive")), None)
+        for turn in generators:
+            turn.meta.pop("sft_target", None)
+            if not turn.meta.get("hard_positive"):
                 turn.reward = r_generate
+                continue
+            turn.reward = exact_match(self._own_answer(turn), golds)
+            if clean is not None and em and not turn.reward:  # Eq. 7: right on E, wrong on E′
+                turn.meta["sft_target"] = clean.completion
         terms = {
             "em": em,
             "sufficient": float(sufficient),
@@ -527,6 +537,7 @@ class DacReward:
             "searcher": r_search,
             "generator": r_generate,
             "difference_rewards": float(partial),
+            "hard_positives": float(sum(bool(t.meta.get("hard_positive")) for t in episode.turns)),
         }
         _record(episode, em, terms)
 
@@ -552,7 +563,7 @@ class JadeOptions(_Options):
     alpha: float = Field(0.05, ge=0.0, description="weight of the normalized round count N_rnd(T)")
     beta: float = Field(0.05, ge=0.0, description="weight of the normalized retrieval count N_ret")
     cost_limit: int = Field(3, ge=1, description="the limit both counts are normalized by")
-    placement: Placement = "every_turn"
+    placement: Placement = Field("last_turn", description="Eq. 8: R_global on the terminal step only")
 
 
 class JadeReward:
@@ -563,9 +574,12 @@ class JadeReward:
     retrievals), both normalized linearly to [0, 1] by the limit 3 (`cost_limit`). The paper gives no default
     for α and β; its sensitivity study (Fig. 3) shows single penalties up to 0.5 keep most of the F1 while
     α = β = 0.1 together collapses the workflow to one retrieve-generate round, so both default to 0.05.
-    `every_turn` (default) shares R_global with every turn, and a turn that broke its format
-    (`parsed_ok` False) gets −1 instead (Eq. 7). `last_turn` is Eq. 8 literally: r = r_format on every turn,
-    plus R_global on the last one. Outcome (`meta["reward"]`): R_global."""
+    `last_turn` (default) is Eq. 8: r_{t,k} = r_format^{(t,k)} + 1[(t, k) = (T, K_T)] · R_global, with
+    r_format = −1 for a turn that broke its format (`parsed_ok` False, Eq. 7) and 0 otherwise; GAE with
+    γ = λ = 1 (Algorithm 2) then carries R_global back to every earlier turn exactly once. `every_turn`
+    shares R_global with every turn (−1 instead for a broken one), for per-turn estimators such as GRPO;
+    with a return-summing estimator it would count R_global once per remaining turn.
+    Outcome (`meta["reward"]`): R_global."""
 
     def __init__(self, options: JadeOptions) -> None:
         self.options = options

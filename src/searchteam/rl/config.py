@@ -12,9 +12,23 @@ LossAgg = Literal["token_mean", "seq_mean"]
 RatioLevel = Literal["token", "sequence"]
 KLEstimator = Literal["k1", "k3"]
 
+Critic = Literal["head", "separate"]
+
 LOG_NAME = "train_log.jsonl"  # one JSON record per training step, in the run directory
 ROLLOUTS_NAME = "rollouts.jsonl"  # one JSON record per rewarded episode (traces without prompts)
 CHECKPOINTS = "checkpoints"  # checkpoints/step-NNNNNN, in the run directory
+
+
+class RoleEstimator(BaseModel):
+    """The advantage estimator of one role and its options; unset options take the run's values."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    estimator: Estimator
+    gamma: float | None = Field(None, ge=0.0, le=1.0)
+    lam: float | None = Field(None, ge=0.0, le=1.0)
+    adv_scale_by_std: bool | None = None
+    whiten_advantages: bool | None = None
 
 
 class TrainConfig(BaseModel):
@@ -27,7 +41,18 @@ class TrainConfig(BaseModel):
     adv_eps: float = Field(1e-6, gt=0.0)
     adv_scale_by_std: bool = Field(True, description="GRPO: divide by the group std (False: Dr. GRPO)")
     whiten_advantages: bool = Field(False, description="GAE: normalize advantages over the batch")
+    role_estimators: dict[str, RoleEstimator] = Field(
+        default_factory=dict,
+        description="per-role estimator and options (DAC: searcher gae, generator grpo); other roles use "
+        "`estimator`. A role with its own estimator computes its advantages over its own turns only",
+    )
     dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal")
+    resample_rounds: int = Field(
+        0,
+        ge=0,
+        description="DAPO dynamic sampling: up to this many extra rollout rounds per step, on fresh "
+        "questions, until the batch holds as many informative groups as the first round had groups",
+    )
     # policy loss
     ratio_level: RatioLevel = Field("token", description="token (PPO/GRPO) or sequence (GSPO, DECOR Eq. 5)")
     clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="ε_low: ratio floor 1 − ε_low")
@@ -41,7 +66,22 @@ class TrainConfig(BaseModel):
         description="π_old: recompute with the policy before updating (exact), or reuse the sampling "
         "logprobs the backend recorded (saves a forward pass; falls back to recompute when any is missing)",
     )
+    sft_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="β_SFT of DAC Eq. 8: weight of an auxiliary SFT loss on turns whose reward scheme "
+        "recorded a pseudo-target (`meta['sft_target']`); 0 = off",
+    )
+    entropy_coef: float = Field(
+        0.0, ge=0.0, description="entropy bonus: loss = pg_loss − c·entropy, aggregated like the policy loss"
+    )
     # critic (estimator=gae)
+    critic: Critic = Field(
+        "head",
+        description="head: a value head on the policy's last hidden state (its loss also trains the "
+        "shared trunk); separate: a value model of its own (M-ASK's V_φ): its own LoRA adapter (or, with "
+        "full_ft, its own copy of the model) plus the head",
+    )
     value_coef: float = Field(0.5, ge=0.0)
     value_clip: float | None = Field(0.2, gt=0.0)
     value_lr: float | None = Field(None, gt=0.0, description="critic head learning rate (default: lr)")
@@ -86,4 +126,38 @@ class TrainConfig(BaseModel):
             raise ValueError("role_lr needs lora_per_role: a shared model has one learning rate")
         if self.lora_per_role and not self.roles:
             raise ValueError("lora_per_role needs the list of roles (one adapter each)")
+        if self.roles and set(self.role_estimators) - set(self.roles):
+            extra = sorted(set(self.role_estimators) - set(self.roles))
+            raise ValueError(
+                f"role_estimators names roles that are not trained: {extra} (roles: {self.roles})"
+            )
         return self
+
+    def estimator_of(self, role: str) -> RoleEstimator:
+        """The estimator and options that compute `role`'s advantages, every option resolved."""
+        own = self.role_estimators.get(role)
+        return RoleEstimator(
+            estimator=own.estimator if own else self.estimator,
+            gamma=self.gamma if own is None or own.gamma is None else own.gamma,
+            lam=self.lam if own is None or own.lam is None else own.lam,
+            adv_scale_by_std=self.adv_scale_by_std
+            if own is None or own.adv_scale_by_std is None
+            else own.adv_scale_by_std,
+            whiten_advantages=self.whiten_advantages
+            if own is None or own.whiten_advantages is None
+            else own.whiten_advantages,
+        )
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether any role's advantages come from GAE, which needs value estimates."""
+        return self.estimator == "gae" or any(r.estimator == "gae" for r in self.role_estimators.values())
+
+    @property
+    def sums_returns(self) -> bool:
+        """Whether some trained turn's credit sums the rewards of later turns (GAE with γ > 0, or samples
+        that merge a chain of continued turns): rewards must then be placed as increments, not repeated
+        on every turn."""
+        gae_roles = [self.estimator_of(r) for r in self.role_estimators] + [self.estimator_of("")]
+        summing = any(e.estimator == "gae" and (e.gamma or 0) > 0 for e in gae_roles)
+        return summing or self.merge_continuations

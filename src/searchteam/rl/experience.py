@@ -36,6 +36,8 @@ class Sample:
     group_id: str
     turn_index: int
     reward: float = 0.0
+    subgroup: str = ""
+    sft: bool = False
     parsed_ok: bool = True
     old_logprobs: list[float] | None = None
     ref_logprobs: list[float] | None = None
@@ -97,8 +99,30 @@ def _turn_sample(
         group_id=group_id,
         turn_index=index,
         reward=0.0 if turn.reward is None else float(turn.reward),
+        subgroup=str(turn.meta.get("group", "")),
         parsed_ok=turn.parsed_ok,
         old_logprobs=list(logprobs) if logprobs is not None else None,
+    )
+
+
+def _sft_sample(
+    turn: Turn, index: int, episode_id: int, group_id: str, tokenizer, render: Render
+) -> Sample | None:
+    """DAC Eq. 7: the pseudo-target a reward scheme recorded for this turn's prompt (`meta['sft_target']`,
+    e.g. the clean-evidence answer for a hard-positive input), trained by likelihood, not by advantage."""
+    target = turn.meta.get("sft_target")
+    completion = _encode(tokenizer, str(target)) if target else []
+    if not completion:
+        return None
+    return Sample(
+        prompt_ids=list(turn.prompt_token_ids) or _encode(tokenizer, render(turn)),
+        completion_ids=completion,
+        loss_mask=[1] * len(completion),
+        role=turn.role,
+        episode_id=episode_id,
+        group_id=group_id,
+        turn_index=index,
+        sft=True,
     )
 
 
@@ -167,11 +191,14 @@ def samples_from_episodes(
     *,
     roles: Iterable[str] | None = None,
     merge_continuations: bool = False,
+    sft_targets: bool = False,
 ) -> list[Sample]:
     """Training samples from every turn the policy generated (`turn.model == "policy"`; frozen extra models
     and turns marked `meta["frozen"]` are skipped), optionally only for `roles`. Prompt ids come from the
     turn when the backend recorded them, else from `render(turn)` (default: `chat_render(tokenizer)`).
-    A turn without a reward counts as reward 0.
+    A turn without a reward counts as reward 0; `subgroup` is the turn's `meta["group"]` (a separate GRPO
+    group within the question, e.g. DAC's hard-positive generator inputs). With `sft_targets`, a turn whose
+    reward scheme recorded `meta["sft_target"]` adds one more sample with `sft=True` (see `_sft_sample`).
     `episode_id` is the episode's index in `episodes`; `group_id` is `group_key(episode)`."""
     render = render or chat_render(tokenizer)
     wanted = set(roles) if roles is not None else None
@@ -196,6 +223,10 @@ def samples_from_episodes(
             sample = _turn_sample(turn, index, episode_id, group_id, tokenizer, render)
             if sample is not None:
                 samples.append(sample)
+            if sft_targets:
+                sft = _sft_sample(turn, index, episode_id, group_id, tokenizer, render)
+                if sft is not None:
+                    samples.append(sft)
     return samples
 
 

@@ -91,13 +91,17 @@ def policy_loss(
     kl_estimator: KLEstimator = "k3",
     num_tokens: float | None = None,
     num_seqs: float | None = None,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> LossOutput:
     """Clipped policy-gradient loss (to minimize).
 
     level="token": ρ_{i,t} = π_θ(o_{i,t}) / π_old(o_{i,t}) per token (PPO, M-ASK Eq. 4; GRPO, QAgent Eq. 1).
     level="sequence": ρ_i = exp(mean_t log-ratio) shared by all tokens of sequence i (GSPO, DECOR Eq. 5).
     `advantages` is [B] (one per sequence, broadcast over its tokens) or [B, T]. With `ref_logprobs` and
-    `kl_coef` > 0 the loss adds β · KL(π_θ ‖ π_ref), aggregated the same way."""
+    `kl_coef` > 0 the loss adds β · KL(π_θ ‖ π_ref), aggregated the same way. With the per-token `entropy`
+    [B, T] of π_θ the stats report its mean over trained tokens, and `entropy_coef` > 0 subtracts
+    c · entropy (an exploration bonus), aggregated like the policy loss."""
     mask = mask.to(logprobs.dtype)
     adv = advantages[:, None] if advantages.dim() == 1 else advantages
     adv = adv.expand_as(logprobs)
@@ -131,6 +135,10 @@ def policy_loss(
         stats["kl_ref"] = masked_mean(kl.detach(), mask).item()
         if kl_coef > 0:
             loss = loss + kl_coef * kl_loss
+    if entropy is not None:
+        stats["entropy"] = masked_mean(entropy.detach(), mask).item()
+        if entropy_coef > 0:
+            loss = loss - entropy_coef * aggregate(entropy, mask, agg, num_tokens, num_seqs)
     stats["policy_loss"] = loss.item()
     return LossOutput(loss, stats)
 
@@ -159,3 +167,14 @@ def value_loss(
         "value_mean": values.detach().mean().item(),
     }
     return LossOutput(loss, stats)
+
+
+def sft_loss(
+    logprobs: torch.Tensor, mask: torch.Tensor, coef: float, num_tokens: float | None = None
+) -> LossOutput:
+    """DAC's auxiliary SFT term (Appendix D, Eq. 8): β_SFT · (−log π(A | Q, E′)) on pseudo-target tokens,
+    averaged over the mini-batch's SFT tokens (`num_tokens`) so the term's scale does not grow with the
+    number of hard-positive samples. The `sft_loss` stat is the unweighted mean token NLL."""
+    mask = mask.to(logprobs.dtype)
+    nll = aggregate(-logprobs, mask, "token_mean", num_tokens)
+    return LossOutput(coef * nll, {"sft_loss": masked_mean(-logprobs.detach(), mask).item()})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import re
+import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -14,12 +15,13 @@ from typing import Literal
 import torch
 from torch import nn
 
-from searchteam.llm.logprobs import chosen_token_logprobs
-from searchteam.rl.config import TrainConfig
+from searchteam.llm.logprobs import EntropyMode, chosen_token_logprobs, chosen_token_stats
+from searchteam.rl.config import Critic, TrainConfig
 from searchteam.rl.experience import Batch
 
 Mode = Literal["full", "lora", "role_lora"]
 SHARED_ADAPTER = "policy"
+CRITIC_ADAPTER = "critic"  # the separate value model's LoRA adapter (critic="separate")
 
 
 class Policy(nn.Module):
@@ -38,25 +40,38 @@ class Policy(nn.Module):
         lora_dropout: float = 0.0,
         lora_targets: Sequence[str] = ("q_proj", "v_proj"),
         value_head: bool = False,
+        critic: Critic = "head",
         reference: bool = False,
         temperature: float = 1.0,
     ) -> None:
+        """`value_head` adds a critic. `critic="head"` puts it on the policy's own last hidden state (the
+        value loss then also trains the policy's weights); `critic="separate"` gives it a value model of
+        its own, the paper's V_φ (M-ASK Eq. 5): a LoRA adapter `critic` on the shared frozen backbone, or
+        with full fine-tuning a trainable copy of the model."""
         super().__init__()
         if mode == "role_lora" and not roles:
             raise ValueError("role_lora needs the role names (one adapter per role)")
         bad = [r for r in roles if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", r) or r.startswith("lora")]
         if mode == "role_lora" and bad:
             raise ValueError(f"role names {bad} cannot name LoRA adapters: use letters, digits, '_' or '-'")
+        if mode == "role_lora" and CRITIC_ADAPTER in roles:
+            raise ValueError(f"a role may not be named '{CRITIC_ADAPTER}': that adapter is the critic's")
         self.tokenizer = tokenizer
         self.mode: Mode = mode
         self.roles = sorted(roles) if mode == "role_lora" else []
         self.temperature = temperature
         self.ref_model = _frozen_copy(model) if reference and mode == "full" else None
+        separate = value_head and critic == "separate"
+        self.critic_model = _trainable_copy(model) if separate and mode == "full" else None
+        adapters = [*self.roles] or [SHARED_ADAPTER]
+        if separate and mode != "full":
+            adapters.append(CRITIC_ADAPTER)
         self.model = (
             model
             if mode == "full"
-            else _with_lora(model, self.roles, lora_r, lora_alpha, lora_dropout, lora_targets)
+            else _with_lora(model, adapters, lora_r, lora_alpha, lora_dropout, lora_targets)
         )
+        self.separate_critic = separate
         hidden = model.config.hidden_size
         self.value_head = nn.Linear(hidden, 1, dtype=torch.float32) if value_head else None
         if self.value_head is not None:
@@ -97,8 +112,8 @@ class Policy(nn.Module):
         if unknown:
             raise KeyError(f"role_lr names roles without an adapter: {sorted(unknown)}; roles: {self.roles}")
         params = dict(self.named_parameters())
-        value = [params[n] for n in self._trainable if n.startswith("value_head.")]
-        policy = [n for n in self._trainable if not n.startswith("value_head.")]
+        value = [params[n] for n in self._trainable if _is_critic(n)]
+        policy = [n for n in self._trainable if not _is_critic(n)]
         groups: list[dict] = []
         if self.mode == "role_lora":
             for role in self.roles:
@@ -118,17 +133,40 @@ class Policy(nn.Module):
         attention_mask: torch.Tensor,
         target_index: torch.Tensor,
         value_index: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-token logprobs [B, C] of the completion tokens (temperature-scaled, as sampled) and, with a
-        critic head, the value [B] of each turn's observation."""
-        logprobs, hidden = chosen_token_logprobs(
-            self.model, input_ids, attention_mask, target_index, self.temperature
+        entropy: EntropyMode = "none",
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Per-token logprobs [B, C] of the completion tokens (temperature-scaled, as sampled), with a
+        critic head the value [B] of each turn's observation, and on request the per-token entropy [B, C]
+        of the sampling distribution (see `chosen_token_stats`)."""
+        out = chosen_token_stats(
+            self.model, input_ids, attention_mask, target_index, self.temperature, entropy=entropy
         )
         if self.value_head is None:
-            return logprobs, None
+            return out.logprobs, None, out.entropy
+        hidden = self._critic_hidden(input_ids, attention_mask) if self.separate_critic else out.hidden
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         values = self.value_head(hidden[rows, value_index].float()).squeeze(-1)
-        return logprobs, values
+        return out.logprobs, values, out.entropy
+
+    def _critic_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Last hidden states of the separate value model: its own model copy, or the backbone with the
+        critic adapter switched in for this one pass (then the generating adapter is restored)."""
+        if self.critic_model is not None:
+            decoder = self.critic_model.get_decoder()
+            return decoder(
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+            ).last_hidden_state
+        active = self.model.active_adapter
+        self.model.set_adapter(CRITIC_ADAPTER)
+        try:
+            decoder = self.model.get_decoder()
+            return decoder(
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+            ).last_hidden_state
+        finally:
+            self.model.set_adapter(active)
+            for name in self._trainable:  # set_adapter froze the inactive adapters; all keep training
+                self._params[name].requires_grad_(True)
 
     @torch.no_grad()
     def reference_logprobs(self, batch: Batch) -> torch.Tensor:
@@ -173,8 +211,11 @@ class Policy(nn.Module):
             self.tokenizer.save_pretrained(directory / "model")
             if self.value_head is not None:
                 torch.save(self.value_head.state_dict(), directory / "value_head.pt")
+            if self.critic_model is not None:
+                self.critic_model.save_pretrained(directory / "critic")
             return
-        self.model.save_pretrained(directory / "adapters")
+        generating = [a for a in self.model.peft_config if a != CRITIC_ADAPTER or not self.separate_critic]
+        self.model.save_pretrained(directory / "adapters", selected_adapters=generating)
         torch.save(self.trainable_state_dict(), directory / "trainable.pt")
 
     def load(self, directory: Path) -> None:
@@ -191,7 +232,20 @@ class Policy(nn.Module):
         if self.value_head is not None:
             head = torch.load(directory / "value_head.pt", weights_only=True)
             state.update({f"value_head.{k}": v for k, v in head.items()})
+        for f in (
+            sorted((directory / "critic").glob("*.safetensors")) if self.critic_model is not None else []
+        ):
+            state.update({f"critic_model.{k}": v for k, v in load_file(f).items()})
         self.load_trainable_state_dict({k: v for k, v in state.items() if k in self._params})
+
+
+def _is_critic(name: str) -> bool:
+    """Whether a trainable tensor belongs to the critic (head, separate model or critic adapter)."""
+    return name.startswith(("value_head.", "critic_model.")) or f".{CRITIC_ADAPTER}." in name
+
+
+def _trainable_copy(model: nn.Module) -> nn.Module:
+    return copy.deepcopy(model)
 
 
 def _frozen_copy(model: nn.Module) -> nn.Module:
@@ -203,8 +257,9 @@ def _frozen_copy(model: nn.Module) -> nn.Module:
 
 
 def _with_lora(
-    model: nn.Module, roles: Sequence[str], r: int, alpha: int, dropout: float, targets: Sequence[str]
+    model: nn.Module, names: Sequence[str], r: int, alpha: int, dropout: float, targets: Sequence[str]
 ) -> nn.Module:
+    """The model with one LoRA adapter per name; the first one is active."""
     from peft import LoraConfig, get_peft_model
 
     def config() -> LoraConfig:
@@ -212,7 +267,6 @@ def _with_lora(
             r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets), task_type="CAUSAL_LM"
         )
 
-    names = list(roles) or [SHARED_ADAPTER]
     peft_model = get_peft_model(model, config(), adapter_name=names[0])
     for name in names[1:]:
         peft_model.add_adapter(name, config())
@@ -237,7 +291,8 @@ def build_policy(model: nn.Module, tokenizer, config: TrainConfig) -> Policy:
         lora_alpha=config.lora_alpha,
         lora_dropout=config.lora_dropout,
         lora_targets=config.lora_targets,
-        value_head=config.estimator == "gae",
+        value_head=config.uses_critic,
+        critic=config.critic,
         reference=config.kl_coef > 0,
         temperature=config.temperature,
     )
@@ -246,21 +301,54 @@ def build_policy(model: nn.Module, tokenizer, config: TrainConfig) -> Policy:
 def load_policy(
     name: str, config: TrainConfig, device: str | None = None, dtype: str | None = None
 ) -> Policy:
-    """Load a preset or Hugging Face model by name (see `searchteam.llm.models`) and wrap it."""
+    """Load a preset or Hugging Face model by name (see `searchteam.llm.models`) and wrap it, on this
+    process's device (accelerate's: `cuda:<local rank>` under `accelerate launch`). Full fine-tuning loads
+    fp32 weights whatever `dtype` says (see `weight_dtype`); LoRA keeps a `dtype` backbone."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from searchteam.llm.hf import pick_device, pick_dtype
+    from searchteam.llm.hf import pick_dtype
     from searchteam.llm.models import resolve_model
 
     path = resolve_model(name)
-    device = pick_device(device)
+    place = process_device(device)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(dtype, device))
+    weights = weight_dtype(config, pick_dtype(dtype, place.type))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=weights)
     if config.gradient_checkpointing:
         enable_activation_checkpointing(model)
-    return build_policy(model, tokenizer, config).to(device)
+    return build_policy(model, tokenizer, config).to(place)
+
+
+def process_device(device: str | None) -> torch.device:
+    """Where this process's model lives: accelerate's device for this rank, unless another device type
+    (or an explicit index) is asked for."""
+    from accelerate import PartialState
+
+    from searchteam.llm.hf import pick_device
+
+    wanted = torch.device(pick_device(device))
+    ours = PartialState().device
+    return ours if wanted.type == ours.type and wanted.index is None else wanted
+
+
+def weight_dtype(config: TrainConfig, dtype: torch.dtype) -> torch.dtype:
+    """The dtype to load trained weights in. Full fine-tuning keeps fp32 master weights: AdamW's per-step
+    change (≈ lr = 1e-6) is far below half a bf16 ulp of a weight of size 0.01 (≈ 3e-5), so in pure bf16
+    almost every update rounds away. Half precision then comes from autocast: `mixed_precision` bf16/fp16
+    (a warning when it is missing, and the run computes in fp32). LoRA adapters are fp32 in peft anyway,
+    so their frozen backbone may stay in `dtype`."""
+    if not config.full_ft or dtype == torch.float32:
+        return dtype
+    wanted = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
+    if config.mixed_precision != wanted:
+        warnings.warn(
+            f"full fine-tuning keeps fp32 weights instead of {dtype}; set train.mixed_precision: "
+            f"{wanted} to compute in half precision (now: '{config.mixed_precision}')",
+            stacklevel=3,
+        )
+    return torch.float32
 
 
 def enable_activation_checkpointing(model: nn.Module) -> None:

@@ -24,14 +24,14 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs
 
-from searchteam.rl.advantages import gae, group_normalize, informative_groups, role_group_normalize, whiten
-from searchteam.rl.config import CHECKPOINTS, LOG_NAME, ROLLOUTS_NAME, TrainConfig
+from searchteam.rl.advantages import gae, group_normalize, informative_groups, whiten
+from searchteam.rl.config import CHECKPOINTS, LOG_NAME, ROLLOUTS_NAME, RoleEstimator, TrainConfig
 from searchteam.rl.experience import Render, Sample, collate, samples_from_episodes
-from searchteam.rl.losses import policy_loss, value_loss
+from searchteam.rl.losses import policy_loss, sft_loss, value_loss
 from searchteam.rl.policy import Policy
 from searchteam.types import Episode
 
-Rollout = Callable[[int], list[Episode]]
+Rollout = Callable[..., list[Episode]]  # rollout(step) or rollout(step, attempt=k)
 RewardFn = Callable[[list[Episode]], None]
 
 
@@ -50,29 +50,25 @@ def lr_multiplier(step: int, config: TrainConfig) -> float:
 
 
 def assign_advantages(samples: list[Sample], config: TrainConfig) -> None:
-    """Fill `advantage` (and `returns`) on every sample with the configured estimator."""
-    if not samples:
-        return
-    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)
-    if config.estimator == "gae":
-        _assign_gae(samples, config)
-        if config.whiten_advantages:
-            adv = whiten(torch.tensor([s.advantage for s in samples], dtype=torch.float64))
-            for s, a in zip(samples, adv.tolist(), strict=True):
-                s.advantage = a
-        return
-    groups = [s.group_id for s in samples]
-    if config.estimator == "grpo":
-        adv = group_normalize(rewards, groups, config.adv_eps, config.adv_scale_by_std)
-    else:
-        roles = [s.role for s in samples]
-        adv = role_group_normalize(rewards, groups, roles, config.adv_eps, config.adv_scale_by_std)
-    for s, a in zip(samples, adv.tolist(), strict=True):
-        s.advantage = a
-        s.returns = s.reward
+    """Fill `advantage` (and `returns`) on every RL sample with its role's estimator (`estimator`, or the
+    role's entry in `role_estimators`); SFT samples carry no advantage. Roles that share an estimator are
+    estimated together: GAE runs over each episode's turns of those roles in order."""
+    by_estimator: dict[RoleEstimator, list[Sample]] = defaultdict(list)
+    for s in samples:
+        if not s.sft:
+            by_estimator[config.estimator_of(s.role)].append(s)
+    for est, part in by_estimator.items():
+        if est.estimator == "gae":
+            _assign_gae(part, est.gamma, est.lam)
+            if est.whiten_advantages:
+                adv = whiten(torch.tensor([s.advantage for s in part], dtype=torch.float64))
+                for s, a in zip(part, adv.tolist(), strict=True):
+                    s.advantage = a
+        else:
+            _assign_group(part, est.estimator == "role_grpo", config.adv_eps, bool(est.adv_scale_by_std))
 
 
-def _assign_gae(samples: list[Sample], config: TrainConfig) -> None:
+def _assign_gae(samples: list[Sample], gamma: float, lam: float) -> None:
     by_episode: dict[int, list[Sample]] = defaultdict(list)
     for s in samples:
         by_episode[s.episode_id].append(s)
@@ -80,16 +76,61 @@ def _assign_gae(samples: list[Sample], config: TrainConfig) -> None:
         turns.sort(key=lambda s: s.turn_index)
         rewards = torch.tensor([s.reward for s in turns], dtype=torch.float64)
         values = torch.tensor([s.old_value for s in turns], dtype=torch.float64)
-        adv, ret = gae(rewards, values, config.gamma, config.lam)
+        adv, ret = gae(rewards, values, gamma, lam)
         for s, a, r in zip(turns, adv.tolist(), ret.tolist(), strict=True):
             s.advantage, s.returns = a, r
 
 
-def group_keys(samples: list[Sample], config: TrainConfig) -> list:
-    """The keys advantages are normalized over: (group, role) for role_grpo, else the question group."""
-    if config.estimator == "role_grpo":
-        return [(s.group_id, s.role) for s in samples]
-    return [s.group_id for s in samples]
+def trajectory_key(sample: Sample, by_role: bool) -> tuple:
+    """The unit a group estimator scores: one trajectory (episode), per role for role_grpo, and per
+    sub-group (`Sample.subgroup`, e.g. DAC's hard-positive inputs) within it."""
+    return (sample.episode_id, sample.role if by_role else "", sample.subgroup)
+
+
+def group_of(sample: Sample, by_role: bool) -> tuple:
+    """The group a trajectory is compared within: the question, per role for role_grpo, per sub-group."""
+    return (sample.group_id, sample.role if by_role else "", sample.subgroup)
+
+
+def trajectory_rewards(samples: list[Sample], by_role: bool) -> dict[tuple, list[Sample]]:
+    """Samples bucketed by trajectory (see `trajectory_key`), in first-seen order."""
+    units: dict[tuple, list[Sample]] = defaultdict(list)
+    for s in samples:
+        units[trajectory_key(s, by_role)].append(s)
+    return units
+
+
+def _assign_group(samples: list[Sample], by_role: bool, eps: float, scale: bool) -> None:
+    """GRPO over trajectories (QAgent Eq. 1; DECOR Eq. 6 with `by_role`): each trajectory of a group gets
+    one reward R_i, the mean reward of its samples (the outcome itself when the scheme repeats it on every
+    turn), Â_i = (R_i − μ_g) / (σ_g + ε) over the G trajectories of its group, broadcast to its turns. A
+    trajectory with many turns thus counts once, as in the papers, not once per turn."""
+    units = trajectory_rewards(samples, by_role)
+    members = list(units.values())
+    rewards = torch.tensor([float(np.mean([s.reward for s in m])) for m in members], dtype=torch.float64)
+    adv = group_normalize(rewards, [group_of(m[0], by_role) for m in members], eps, scale)
+    for m, a, r in zip(members, adv.tolist(), rewards.tolist(), strict=True):
+        for s in m:
+            s.advantage, s.returns = a, r
+
+
+def informative_mask(samples: list[Sample], config: TrainConfig) -> list[bool]:
+    """DAPO dynamic sampling at the trajectory level: False for the samples of a group whose trajectory
+    rewards are all equal (zero advantage). GAE-estimated and SFT samples are always kept."""
+    keep = [True] * len(samples)
+    for by_role in (False, True):
+        picked = [
+            i
+            for i, s in enumerate(samples)
+            if not s.sft and config.estimator_of(s.role).estimator == ("role_grpo" if by_role else "grpo")
+        ]
+        units = trajectory_rewards([samples[i] for i in picked], by_role)
+        unit_of = {key: n for n, key in enumerate(units)}
+        rewards = [float(np.mean([s.reward for s in m])) for m in units.values()]
+        varied = informative_groups(rewards, [group_of(m[0], by_role) for m in units.values()])
+        for i in picked:
+            keep[i] = varied[unit_of[trajectory_key(samples[i], by_role)]]
+    return keep
 
 
 def role_stats(samples: list[Sample]) -> dict[str, float]:
@@ -126,6 +167,7 @@ class Trainer:
         on_step: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         _check_policy(policy, config)
+        _warn_half_precision_weights(policy)
         self.config = config
         self.rollout = rollout
         self.reward = reward
@@ -145,11 +187,9 @@ class Trainer:
         optimizer = torch.optim.AdamW(
             groups, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
+        # the schedule wraps `optimizer.step` before accelerate captures it (its fp16 step swaps it back)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, config))
         self.model, self.optimizer = self.accelerator.prepare(policy, optimizer)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer.optimizer if hasattr(self.optimizer, "optimizer") else self.optimizer,
-            lambda s: lr_multiplier(s, config),
-        )
         self.pad_id = policy.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = policy.tokenizer.eos_token_id
@@ -167,66 +207,90 @@ class Trainer:
 
     def train_step(self) -> dict[str, Any]:
         """One rollout batch and its policy update; writes the JSONL record and any due checkpoint."""
-        started = time.perf_counter()
-        episodes = self.rollout(self.step)
-        rolled = time.perf_counter()
-        self.reward(episodes)
-        rewarded = time.perf_counter()
-        if self.config.save_rollouts:
-            self._save_rollouts(episodes)
-        samples = samples_from_episodes(
-            episodes,
-            self.policy.tokenizer,
-            self.render,
-            roles=self.config.roles or None,
-            merge_continuations=self.config.merge_continuations,
-        )
         record: dict[str, Any] = {"step": self.step + 1, "lr": self.scheduler.get_last_lr()[0]}
         if len(self.optimizer.param_groups) > 1:
             record.update({f"lr/{g['name']}": g["lr"] for g in self.optimizer.param_groups})
-        record.update(role_stats(samples))
+        episodes, samples, sampling = self._collect()
+        collected = time.perf_counter()
+        record.update(role_stats([s for s in samples if not s.sft]))
         record["episodes"] = len(episodes)
-        samples, record["filtered_samples"] = self._dynamic_sampling(samples)
+        record.update(sampling)
         record["samples"] = len(samples)
         record.update(self._update(samples) if samples else {"skipped_updates": 0, "updates": 0})
         with warnings.catch_warnings():  # the schedule advances per training step, even a skipped one
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
             self.scheduler.step()
         self.step += 1
-        record["time/rollout"] = rolled - started
-        record["time/reward"] = rewarded - rolled
-        record["time/update"] = time.perf_counter() - rewarded
+        record["time/update"] = time.perf_counter() - collected
         self._log(record)
         if self._checkpoint_due():
             self.save_checkpoint()
         return record
 
-    def _dynamic_sampling(self, samples: list[Sample]) -> tuple[list[Sample], int]:
-        if not self.config.dynamic_sampling:
-            return samples, 0
-        keep = informative_groups([s.reward for s in samples], group_keys(samples, self.config))
-        kept = [s for s, k in zip(samples, keep, strict=True) if k]
-        return kept, len(samples) - len(kept)
+    def _collect(self) -> tuple[list[Episode], list[Sample], dict[str, float]]:
+        """Roll out and reward one step's episodes and turn them into samples. With DAPO dynamic sampling,
+        groups whose trajectories all scored the same are dropped, and up to `resample_rounds` further
+        rounds (`rollout(step, attempt=k)`, fresh questions) refill the batch until it holds as many
+        informative groups as the first round had groups; informative groups beyond that are cut."""
+        cfg = self.config
+        episodes: list[Episode] = []
+        stats = {"time/rollout": 0.0, "time/reward": 0.0}
+        rounds = cfg.resample_rounds + 1 if cfg.dynamic_sampling else 1
+        target = 0
+        for attempt in range(rounds):
+            t0 = time.perf_counter()
+            new = self.rollout(self.step) if attempt == 0 else self.rollout(self.step, attempt=attempt)
+            t1 = time.perf_counter()
+            self.reward(new)
+            stats["time/rollout"] += t1 - t0
+            stats["time/reward"] += time.perf_counter() - t1
+            if cfg.save_rollouts:
+                self._save_rollouts(new)
+            episodes += new
+            samples = samples_from_episodes(
+                episodes,
+                self.policy.tokenizer,
+                self.render,
+                roles=cfg.roles or None,
+                merge_continuations=cfg.merge_continuations,
+                sft_targets=cfg.sft_coef > 0,
+            )
+            if not cfg.dynamic_sampling:
+                return episodes, samples, stats
+            keep = informative_mask(samples, cfg)
+            groups = list(dict.fromkeys(s.group_id for s in samples if not s.sft))
+            informative = list(dict.fromkeys(s.group_id for s, k in zip(samples, keep, strict=True) if k))
+            target = target or len(groups)
+            if len(informative) >= target:
+                break
+        chosen = set(informative[:target])
+        kept = [s for s, k in zip(samples, keep, strict=True) if k and s.group_id in chosen]
+        stats |= {
+            "filtered_samples": float(len(samples) - len(kept)),
+            "informative_share": len(informative) / len(groups) if groups else 0.0,
+            "sampling_rounds": float(attempt + 1),
+        }
+        return episodes, kept, stats
 
     # ---- update -------------------------------------------------------------------------------------
 
     def _micro_batches(self, samples: list[Sample], generator: torch.Generator | None) -> list[list[Sample]]:
-        """Chunks of `micro_batch_size`, shuffled when a generator is given; role-pure for per-role LoRA."""
+        """Chunks of `micro_batch_size`, shuffled when a generator is given; each chunk holds one kind of
+        sample (RL or SFT) and, with per-role LoRA, one role."""
         order = list(range(len(samples)))
         if generator is not None:
             order = torch.randperm(len(samples), generator=generator).tolist()
-        if self.policy.mode == "role_lora":
-            pools: dict[str, list[int]] = defaultdict(list)
-            for i in order:
-                pools[samples[i].role].append(i)
-            pools_list = [pools[r] for r in sorted(pools)]
-        else:
-            pools_list = [order]
+        per_role = self.policy.mode == "role_lora"
+        pools: dict[tuple[str, bool], list[int]] = defaultdict(list)
+        for i in order:
+            pools[(samples[i].role if per_role else "", samples[i].sft)].append(i)
         size = self.config.micro_batch_size
         chunks = [
-            [samples[i] for i in pool[j : j + size]] for pool in pools_list for j in range(0, len(pool), size)
+            [samples[i] for i in pool[j : j + size]]
+            for _, pool in sorted(pools.items())
+            for j in range(0, len(pool), size)
         ]
-        if generator is not None and len(pools_list) > 1:
+        if generator is not None and len(pools) > 1:
             chunks = [chunks[i] for i in torch.randperm(len(chunks), generator=generator).tolist()]
         return chunks
 
@@ -240,10 +304,13 @@ class Trainer:
         for chunk in self._micro_batches(samples, None):
             self.policy.activate(chunk[0].role)
             batch = collate(chunk, self.pad_id).to(self.accelerator.device)
-            logprobs, values = self.model(
+            logprobs, values, _ = self.model(
                 batch.input_ids, batch.attention_mask, batch.target_index, batch.value_index
             )
-            ref = self.policy.reference_logprobs(batch) if self.config.kl_coef > 0 else None
+            ref = None
+            if self.config.kl_coef > 0:
+                with self.accelerator.autocast():  # the same precision as the policy's own logprobs
+                    ref = self.policy.reference_logprobs(batch)
             for i, s in enumerate(chunk):
                 n = len(s.completion_ids)
                 if need_old:
@@ -276,10 +343,14 @@ class Trainer:
     def _optimizer_step(self, chunks: list[list[Sample]]) -> tuple[bool, dict[str, float]]:
         """Accumulate gradients over micro-batches, normalized by the whole mini-batch's token and sequence
         counts, then clip and step — unless any loss or the gradient norm is not finite, in which case the
-        gradients are dropped and the weights and optimizer state stay untouched."""
+        gradients are dropped and the weights and optimizer state stay untouched (see `_step_if_finite`).
+        Also measures the policy's token entropy on the trained tokens, per role."""
         cfg = self.config
-        num_tokens = float(sum(s.num_trained_tokens for c in chunks for s in c))
-        num_seqs = float(sum(len(c) for c in chunks))
+        entropy_mode = "grad" if cfg.entropy_coef > 0 else "detached"
+        entropy_sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        num_tokens = float(sum(s.num_trained_tokens for c in chunks for s in c if not s.sft))
+        num_seqs = float(sum(not s.sft for c in chunks for s in c))
+        num_sft_tokens = float(sum(s.num_trained_tokens for c in chunks for s in c if s.sft))
         stats: dict[str, list[float]] = defaultdict(list)
         finite = True
         for i, chunk in enumerate(chunks):
@@ -287,9 +358,20 @@ class Trainer:
             batch = collate(chunk, self.pad_id).to(self.accelerator.device)
             sync = self.accelerator.no_sync(self.model) if i < len(chunks) - 1 else nullcontext()
             with sync:
-                logprobs, values = self.model(
-                    batch.input_ids, batch.attention_mask, batch.target_index, batch.value_index
+                logprobs, values, entropy = self.model(
+                    batch.input_ids,
+                    batch.attention_mask,
+                    batch.target_index,
+                    batch.value_index,
+                    entropy="none" if chunk[0].sft else entropy_mode,
                 )
+                if chunk[0].sft:  # a micro-batch is all SFT or all RL samples (`_micro_batches`)
+                    out = sft_loss(logprobs, batch.loss_mask, cfg.sft_coef, num_sft_tokens)
+                    finite = finite and bool(torch.isfinite(out.loss))
+                    self.accelerator.backward(out.loss)
+                    for k, v in out.stats.items():
+                        stats[k].append(v)
+                    continue
                 out = policy_loss(
                     logprobs,
                     batch.old_logprobs,
@@ -304,6 +386,8 @@ class Trainer:
                     kl_estimator=cfg.kl_estimator,
                     num_tokens=num_tokens,
                     num_seqs=num_seqs,
+                    entropy=entropy,
+                    entropy_coef=cfg.entropy_coef,
                 )
                 loss = out.loss
                 if values is not None:
@@ -315,17 +399,30 @@ class Trainer:
             out.stats["loss"] = loss.item()
             for k, v in out.stats.items():
                 stats[k].append(v)
+            _add_entropy(entropy_sums, batch.roles, entropy, batch.loss_mask)
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         grad_norm = self.accelerator.clip_grad_norm_(params, cfg.max_grad_norm)
+        ok = self._step_if_finite(finite, grad_norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        summary = {k: float(np.mean(v)) for k, v in stats.items()}
+        summary.update(_entropy_means(entropy_sums))
+        summary["grad_norm"] = float(grad_norm)
+        return ok, summary
+
+    def _step_if_finite(self, finite: bool, grad_norm: torch.Tensor | float) -> bool:
+        """Apply the accumulated gradients unless a loss (on any process) or the gradient norm is not finite;
+        returns whether the step was taken. With fp16's grad scaler the scaler decides: its `step` skips on
+        inf/NaN gradients (which a non-finite loss also produces) and its `update` lowers the scale, and
+        that update must follow every `unscale_`, so the optimizer step is always called there."""
+        if self.accelerator.scaler is not None:
+            self.optimizer.step()
+            return not self.accelerator.optimizer_step_was_skipped
         bad = torch.tensor(0.0 if finite else 1.0, device=self.accelerator.device)
         bad = self.accelerator.reduce(bad, reduction="sum")
         ok = bool(bad.item() == 0) and bool(torch.isfinite(torch.as_tensor(grad_norm)))
         if ok:
             self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        summary = {k: float(np.mean(v)) for k, v in stats.items()}
-        summary["grad_norm"] = float(grad_norm)
-        return ok, summary
+        return ok
 
     # ---- logging ------------------------------------------------------------------------------------
 
@@ -441,9 +538,43 @@ class Trainer:
                 path.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
 
 
+def _add_entropy(
+    sums: dict[str, list[float]], roles: list[str], entropy: torch.Tensor | None, mask: torch.Tensor
+) -> None:
+    """Accumulate each role's summed token entropy and trained-token count of one micro-batch."""
+    if entropy is None:
+        return
+    mask = mask.to(entropy.dtype)
+    totals = (entropy.detach() * mask).sum(-1).tolist()
+    counts = mask.sum(-1).tolist()
+    for role, total, count in zip(roles, totals, counts, strict=True):
+        sums[role][0] += total
+        sums[role][1] += count
+
+
+def _entropy_means(sums: dict[str, list[float]]) -> dict[str, float]:
+    """`entropy/<role>` and `entropy`: mean token entropy over the trained tokens of the mini-batch."""
+    out = {f"entropy/{role}": total / count for role, (total, count) in sorted(sums.items()) if count}
+    count = sum(c for _, c in sums.values())
+    if count:
+        out["entropy"] = sum(t for t, _ in sums.values()) / count
+    return out
+
+
+def _warn_half_precision_weights(policy: Policy) -> None:
+    """Pure bf16/fp16 trained weights lose most AdamW updates to rounding (`policy.weight_dtype`)."""
+    half = sorted({str(p.dtype) for p in policy.parameters() if p.requires_grad and p.dtype != torch.float32})
+    if half:
+        warnings.warn(
+            f"trained weights are {', '.join(half)}: most small AdamW updates round away; load them in "
+            "float32 (load_policy does) and set mixed_precision to compute in half precision",
+            stacklevel=3,
+        )
+
+
 def _check_policy(policy: Policy, config: TrainConfig) -> None:
     """Fail before the first rollout when the policy lacks what the config asks for."""
-    if config.estimator == "gae" and policy.value_head is None:
+    if config.uses_critic and policy.value_head is None:
         raise ValueError(
             "estimator 'gae' needs a critic: build the policy with value_head=True (build_policy does)"
         )

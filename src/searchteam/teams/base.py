@@ -18,12 +18,13 @@ PROMPT_DIR = Path(__file__).parent / "prompts"
 
 
 class TeamSettings(BaseModel):
-    """Knobs every method understands; method-specific extras go in `options`."""
+    """Knobs every method understands; method-specific extras go in `options`. `top_k` and `max_turns` left
+    at None take the team's paper defaults (`Team.default_top_k`, `Team.default_max_turns`)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    top_k: int = Field(5, ge=1, le=100)
-    max_turns: int = Field(4, ge=1, le=32)
+    top_k: int | None = Field(None, ge=1, le=100, description="passages per retrieval")
+    max_turns: int | None = Field(None, ge=1, le=32, description="cap on the team's search loop")
     options: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -33,9 +34,18 @@ class Team(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
     uses_retrieval: ClassVar[bool] = True
+    # The paper's settings, used where the user set none; a team whose paper differs overrides them.
+    default_top_k: ClassVar[int] = 5
+    default_max_turns: ClassVar[int] = 4
 
     def __init__(self, settings: TeamSettings | None = None) -> None:
-        self.settings = settings or TeamSettings()
+        given = settings or TeamSettings()
+        self.settings = given.model_copy(
+            update={
+                "top_k": self.default_top_k if given.top_k is None else given.top_k,
+                "max_turns": self.default_max_turns if given.max_turns is None else given.max_turns,
+            }
+        )
         self.prompts = load_prompts(self.name)
 
     @abstractmethod

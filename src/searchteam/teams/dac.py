@@ -13,12 +13,32 @@ training and off at test time (§4.2), and the two generator prompts differ exac
 (Appendix E, Prompts 2 and 3). `episode.meta["abstention"]` records whether it was on and
 `episode.meta["abstained"]` whether the generator abstained, for the cross-verification rewards (Eq. 1-2).
 
+Training only (`ctx.training`; each can be switched by an option), two extra kinds of generator call:
+- Turn-level difference rewards (§3.4): after search t the generator runs on the partial evidence E≤t as if
+  it were final (same prompt, abstention as above), and its abstention is recorded on the searcher turn of
+  search t as `meta["partial_abstained"]`, from which the reward scheme computes
+  s(t) = r_S(Q, E≤t, G(Q, E≤t)) and r_t = s(t) − s(t−1). These probe calls are not trained: role `generator`
+  with `meta["probe"] = True`, `meta["frozen"] = True` and `meta["evidence_step"] = t`. A probe of E≤t runs
+  only once the searcher issues another search (just before it is retrieved); for the last search, E≤T = E
+  and the final generator call is G(Q, E≤T), so its abstention is recorded there instead of a duplicate call.
+- Hard-positive augmentation (§3.3, Appendix B.1): when E is sufficient (the external verifier of
+  Appendix B.1: a passage of E contains a gold answer, so it reads the training question's gold answers),
+  the top-15 passages for the original question are retrieved, those already in E removed, and three of the
+  rest selected in reverse rank order (lowest-ranked first) as distractors E_N; the generator then answers
+  from E′ = E followed by E_N. That turn is trained but does not change the episode's answer: role
+  `generator` with `meta["hard_positive"] = True`, `meta["group"] = "hard_positive"` (its own GRPO group),
+  `meta["answer"]` (the parsed answer) and `meta["abstained"]`. Without any distractor left, no call is made.
+  Its retrieval is recorded at the generator's step, after every searcher step, so it never counts toward
+  the searcher's sufficiency.
+
 Roles: `searcher`, `generator`. Both call named models (`model="searcher"`, `model="generator"`) that fall
 back to the policy: one shared model at inference, while a trainer (or `extra_models`) can serve each name
 with its own LoRA adapter, as DAC trains one adapter per role (§4.1, Appendix B.1).
 
-Settings: `top_k` passages per search and `max_turns` searcher calls (paper defaults 3 and 4 when no
-settings are given). Options: `abstain` (bool; default: on when `ctx.training`, off otherwise).
+Settings: `top_k` passages per search and `max_turns` searcher calls (paper defaults 3 and 4). Options
+(bools): `abstain`, `difference_rewards`, `hard_positives` (each default: on when `ctx.training`).
+
+Steps: searcher call t runs at step t; the generator, and any hard-positive retrieval, at the step after.
 
 Fallbacks (flagged with `flag_format_error`, never raised):
 - a searcher output with neither `<search>…</search>` nor `<stop>`: Search-R1's invalid-action observation
@@ -33,21 +53,22 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from searchteam.rewards.metrics import sufficiency
 from searchteam.runtime.context import Context
-from searchteam.teams.base import Team, TeamSettings, format_documents
+from searchteam.teams.base import Team, format_documents
 from searchteam.teams.parsing import parse_answer
 from searchteam.teams.transcript import Transcript, dedupe, information_block
-from searchteam.types import Passage, Question
+from searchteam.types import Passage, Question, Turn
 
 SEARCHER_STOP = ("</search>", "<stop>")
 GENERATOR_STOP = ("</answer>",)
 SEARCHER_TOKENS = 128
 GENERATOR_TOKENS = 128
-PAPER_TOP_K = 3
-PAPER_MAX_SEARCHES = 4
 ABSTENTION = "unknown"
 SEARCHER_MODEL = "searcher"
 GENERATOR_MODEL = "generator"
+HARD_POSITIVE_POOL = 15  # Appendix B.1: "we retrieve the top-15 passages using the original question"
+HARD_POSITIVE_DISTRACTORS = 3
 
 SEARCH_OR_STOP = re.compile(r"<search>(.*?)</search>|<stop>", re.IGNORECASE | re.DOTALL)
 
@@ -79,20 +100,35 @@ class DAC(Team):
     description = (
         "DAC: a searcher collects evidence (Search-R1 style, <stop> to end), a generator answers from it."
     )
+    default_top_k = 3  # §4.1: at most four searches of the top-3 passages each
+    default_max_turns = 4
 
-    def __init__(self, settings: TeamSettings | None = None) -> None:
-        super().__init__(settings or TeamSettings(top_k=PAPER_TOP_K, max_turns=PAPER_MAX_SEARCHES))
+    def option(self, key: str, ctx: Context) -> bool:
+        """A training-only feature switch: on in training unless the options say otherwise."""
+        return bool(self.settings.options.get(key, ctx.training))
 
     async def run(self, q: Question, ctx: Context) -> str:
-        evidence = await self._search(q, ctx)  # §3.1 steps 2-4
-        abstain = bool(self.settings.options.get("abstain", ctx.training))
-        return await self._generate(q, evidence, abstain, ctx)  # §3.1 step 5
+        abstain = self.option("abstain", ctx)
+        probes = self.option("difference_rewards", ctx)
+        evidence, last_search = await self._search(q, ctx, abstain, probes)  # §3.1 steps 2-4
+        _, answer, abstained = await self._generate(q, evidence, abstain, ctx)  # §3.1 step 5
+        ctx.episode.meta |= {"abstention": abstain, "abstained": abstained}
+        if probes and last_search is not None:
+            last_search.meta["partial_abstained"] = abstained  # §3.4: the final call is G(Q, E≤T)
+        if self.option("hard_positives", ctx) and sufficiency(_texts(evidence), q.golden_answers):
+            await self._hard_positive(q, evidence, abstain, ctx)  # §3.3
+        return answer
 
-    async def _search(self, q: Question, ctx: Context) -> list[Passage]:
-        """The searcher loop: search or stop after reading E_<t; E_t are the passages of search t."""
+    async def _search(
+        self, q: Question, ctx: Context, abstain: bool, probes: bool
+    ) -> tuple[list[Passage], Turn | None]:
+        """The searcher loop: search or stop after reading E_<t; E_t are the passages of search t. With
+        `probes`, search turn t gets the outcome of G(Q, E≤t) when the searcher searches again (§3.4).
+        Returns E and the last search turn."""
         messages = self.chat("searcher", question=q.question)
         transcript = Transcript(ctx.episode)
         evidence: list[Passage] = []
+        last_search: Turn | None = None
         for t in range(self.settings.max_turns):
             ctx.step = t
             turn = await transcript.generate(
@@ -105,9 +141,12 @@ class DAC(Team):
             )
             action = parse_searcher(turn.completion)
             if action.kind == "search":
+                if probes and last_search is not None:  # E≤t of the previous search t is complete
+                    await self._probe(q, evidence, abstain, last_search, ctx)
                 passages = await ctx.search(action.query, self.settings.top_k)
                 transcript.add_env(information_block(passages))
                 evidence = dedupe(evidence + passages)
+                last_search = turn
             elif action.kind == "invalid":
                 turn.flag_format_error(action.error or "invalid searcher action")
                 transcript.add_env(self.prompts["invalid_action"])
@@ -115,10 +154,33 @@ class DAC(Team):
             if action.kind == "stop":
                 break
         ctx.step += 1
-        return evidence
+        return evidence, last_search
 
-    async def _generate(self, q: Question, evidence: list[Passage], abstain: bool, ctx: Context) -> str:
-        """A = G(Q, E): Prompt 2 (abstention allowed) in training, Prompt 3 at test time."""
+    async def _probe(
+        self, q: Question, evidence: list[Passage], abstain: bool, search: Turn, ctx: Context
+    ) -> None:
+        """§3.4: G(Q, E≤t) as if E≤t (the evidence up to and including `search`) were final; its abstention
+        goes on `search`. A frozen call: the reward scheme and the trainer leave it alone."""
+        turn, _, abstained = await self._generate(q, evidence, abstain, ctx)
+        turn.meta.update(probe=True, frozen=True, evidence_step=search.step)
+        search.meta["partial_abstained"] = abstained
+
+    async def _hard_positive(self, q: Question, evidence: list[Passage], abstain: bool, ctx: Context) -> None:
+        """§3.3 and Appendix B.1: the generator on E′ = E ∪ E_N, three distractors from the top-15 passages
+        for the original question, taken in reverse rank order from those not already in E."""
+        pool = await ctx.search(q.question, HARD_POSITIVE_POOL)
+        known = {p.id for p in evidence}
+        distractors = [p for p in reversed(pool) if p.id not in known][:HARD_POSITIVE_DISTRACTORS]
+        if not distractors:
+            return
+        turn, answer, abstained = await self._generate(q, evidence + distractors, abstain, ctx)
+        turn.meta.update(hard_positive=True, group="hard_positive", answer=answer, abstained=abstained)
+
+    async def _generate(
+        self, q: Question, evidence: list[Passage], abstain: bool, ctx: Context
+    ) -> tuple[Turn, str, bool]:
+        """A = G(Q, E): Prompt 2 (abstention allowed) in training, Prompt 3 at test time. Returns the turn,
+        the answer and whether the generator abstained (only possible with abstention on)."""
         documents = format_documents(evidence) or "(no documents were retrieved)"
         prompt = "generator_train" if abstain else "generator_test"
         turn = await ctx.llm(
@@ -131,9 +193,11 @@ class DAC(Team):
         parsed = parse_answer(turn.completion)
         if not parsed.ok:
             turn.flag_format_error(parsed.error or "bad answer format")
-        abstained = is_abstention(parsed.value)
-        ctx.episode.meta |= {"abstention": abstain, "abstained": abstained and abstain}
-        if abstained and not abstain:
+        if is_abstention(parsed.value) and not abstain:
             turn.flag_format_error("answered 'unknown' although abstention is off at test time")
-            return ""
-        return parsed.value
+            return turn, "", False
+        return turn, parsed.value, is_abstention(parsed.value)
+
+
+def _texts(passages: list[Passage]) -> list[str]:
+    return [p.contents for p in passages]

@@ -19,11 +19,17 @@ Options:
 - `memory_max_tokens` (L_max, default 4096 as in the paper's Table 4). Memory size is estimated, not
   tokenized: ceil(4/3 × whitespace-separated words) of each entry's query and evidence (about 1.33 BPE
   tokens per English word), so it needs no tokenizer and behaves the same for every backend.
+- `truncate_on_format_error` (default: on when `ctx.training`, off otherwise): §4.3 "if an agent violates
+  the protocol (e.g., failing to close XML tags), the trajectory receives an immediate penalty R = −1, and
+  the episode is truncated". The first planner, filter or answerer turn with a format error (any of the
+  flags below) ends the episode at once with an empty answer; `episode.meta["truncated_at"]` records its
+  role and step, and the reward's format gate gives every trained turn −1.
 
 Steps: the loop's t is `ctx.step`; the answerer keeps the step of the last loop iteration (the terminal
 step T). Planner turns carry `meta["query"]` (None for STOP), filter turns `meta["evidence"]`.
 
-Fallbacks (each flags a format error on the turn, never raises):
+Fallbacks (each flags a format error on the turn, never raises; with truncation on, a planner, filter or
+answerer error ends the episode instead of falling back):
 - planner: a missing `<think>` block is flagged but the search is used; no closed `<search>` tag (or an empty
   one) → search the original question when memory is empty (rule 6 of the prompt), else STOP.
 - filter: a missing `<think>` block is flagged; no `<filter>` tag → the text after an unclosed tag, else the
@@ -53,7 +59,11 @@ PLANNER_STOP = ("</search>",)
 FILTER_STOP = ("</filter>",)
 COMPRESSOR_STOP = ("</facts>",)
 ANSWER_STOP = ("</answer>",)
-MAX_NEW_TOKENS = {"planner": 64, "filter": 96, "compressor": 128, "answerer": 64}
+# Room for the required `<think>…</think>` plus the role's tag: a planner or answerer think block of a few
+# sentences and a query or short answer fit in 256; the filter's paragraph keeps every relevant fact of five
+# ~100-word documents (Appendix A.2), so it gets 384. A cut-off reply would fail the format gate.
+MAX_NEW_TOKENS = {"planner": 256, "filter": 384, "compressor": 128, "answerer": 256}
+GATED_ROLES = ("planner", "filter", "answerer")
 THINK = re.compile(r"<think>.*?</think>", re.IGNORECASE | re.DOTALL)
 
 
@@ -174,6 +184,9 @@ class DECOR(Team):
         "answerer that reads only the question and the memory; a frozen compressor keeps memory under L_max."
     )
 
+    default_top_k = 5  # §5.1: "maximum search depth T_max = 4, the top-k retrieval per step k = 5"
+    default_max_turns = 4
+
     @property
     def memory_max_tokens(self) -> int:
         return int(self.settings.options.get("memory_max_tokens", DEFAULT_MEMORY_MAX_TOKENS))
@@ -183,18 +196,34 @@ class DECOR(Team):
         for t in range(1, self.settings.max_turns + 1):  # line 2
             ctx.step = t
             action = await self.plan(q, memory, ctx)  # lines 3-4: o_t^plan = {q, M_{t-1}, q_<t}
+            if self.truncated(ctx):  # §4.3: a format violation ends the episode
+                return ""
             if action.stop:  # lines 5-7
                 break
             memory = memory.asked(action.query)  # lines 8-9
             docs = await ctx.search(action.query, k=self.settings.top_k)  # line 10
             evidence = await self.filter(action.query, format_documents(docs), ctx)  # lines 11-12
+            if self.truncated(ctx):
+                return ""
             entry = Entry(action.query, evidence)
             compressed = memory.tokens + entry.tokens > self.memory_max_tokens and bool(memory.entries)
             if compressed:  # lines 13-15
                 memory = memory.condensed(await self.compress(memory, ctx))
             memory = memory.add(entry)  # line 16
             ctx.snapshot({**memory.as_dict(), "compressed": compressed})
-        return await self.answer(q, memory, ctx)  # lines 20-22: o_T^ans = {q, M_T}
+        answer = await self.answer(q, memory, ctx)  # lines 20-22: o_T^ans = {q, M_T}
+        return "" if self.truncated(ctx) else answer
+
+    def truncated(self, ctx: Context) -> bool:
+        """Whether the episode ends here: truncation is on and the last call, a planner, filter or answerer
+        turn, broke the format (§4.3); records `episode.meta["truncated_at"]` when it does."""
+        turn = ctx.episode.turns[-1]
+        if not self.settings.options.get("truncate_on_format_error", ctx.training):
+            return False
+        if turn.parsed_ok or turn.role not in GATED_ROLES:
+            return False
+        ctx.episode.meta["truncated_at"] = {"role": turn.role, "step": turn.step, "error": turn.parse_error}
+        return True
 
     async def plan(self, q: Question, memory: Memory, ctx: Context) -> PlannerAction:
         messages = self.chat("planner", query=q.question, queries=memory.query_text(), memory=memory.text())

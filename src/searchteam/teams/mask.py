@@ -9,8 +9,9 @@ The knowledge state K_t = {question, thinking_trajectory [(sub-query, sub-answer
      and their evidence, Appendix C.2) and writes `<search>q</search>` or `<end>`; `<end>` stops the loop;
    - the retriever returns the top-k documents (`settings.top_k`) for q;
    - `summary` (Summary Agent) turns (q, documents) into `<evidence>…</evidence>`;
-   - `update` (Update Agent) writes `<Update>ti</Update>` (replace step i with (q, evidence): in-place
-     refinement) or `<Add>t(n+1)</Add>` (append (q, evidence));
+   - `update` (Update Agent) reads the question, the trajectory, q and the evidence (C.4's user template, the
+     same in training and at inference) and writes `<Update>ti</Update>` (replace step i with (q, evidence):
+     in-place refinement) or `<Add>t(n+1)</Add>` (append (q, evidence));
    - in training mode (`ctx.training`) `answer` runs on the new state as the intermediate evaluator of
      §3.3: its a_t is stored as the state's predicted answer, on the turn (`meta["predicted_answer"]`,
      `meta["turn"]`) and in the snapshot, so ΔF1 = F1(a_t) − F1(a_{t−1}) (Eq. 3) can be computed later.
@@ -205,6 +206,7 @@ class MASK(Team):
         "M-ASK: planning, search, summary, update and answer agents over a structured knowledge state "
         "(question, sub-query/sub-answer trajectory, predicted answer)."
     )
+    default_top_k = 5  # Table 6: each search "retrieved 5 document fragments"
 
     async def run(self, q: Question, ctx: Context) -> str:
         # Phase I (Algorithm 1, line 7): K_0 from parametric memory.
@@ -269,7 +271,6 @@ class MASK(Team):
             "update",
             question=state.question,
             trajectory=state.trajectory_text(),
-            predicted_answer=state.predicted_answer,
             query=query,
             evidence=evidence,
             n=str(len(state.trajectory)),

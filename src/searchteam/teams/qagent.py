@@ -9,6 +9,8 @@ environment text (`turn.meta["env_spans"]`). Every retrieved passage joins the p
 
 Roles: `agent`; `generator` in submodule mode, called with `model="generator"` so a run can configure a
 different (frozen) generator model (`extra_models: {generator: ...}`); without one the policy serves it.
+The generator is frozen in the paper (§3.4), so its turns carry `meta["frozen"] = True`: never trained,
+even when the policy serves them.
 
 Options (`settings.options`):
 - `mode`: `end_to_end` (default; the agent's own `<answer>`, §3.3) or `submodule` (§3.4-3.5: the
@@ -16,8 +18,8 @@ Options (`settings.options`):
   question and K, never the agent's plans or reflections; the agent's own answer, if any, is kept in
   `episode.meta["agent_answer"]` for the Hit term of Eq. 10);
 - `max_retries` (default 2): how many malformed outputs get prompt_rethink (line 16) before giving up.
-`top_k` is passages per query (the paper retrieves 1 per query; that is the default when no settings are
-given); `max_turns` is B, and, as in line 18, a retry uses up a round.
+`top_k` is passages per query (the paper retrieves 1 per query; that is the default unless set);
+`max_turns` is B (default 4), and, as in line 18, a retry uses up a round.
 
 Parsing and fallbacks (flagged on the turn with `flag_format_error`, never raised):
 - no `<search>` with queries and no `<answer>`: malformed; the retry prompt is appended (counted in
@@ -48,7 +50,6 @@ MAX_QUERIES = 3
 AGENT_TOKENS = 160
 ANSWER_TOKENS = 32
 GENERATOR_TOKENS = 48
-PAPER_TOP_K = 1
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,10 @@ class QAgent(Team):
         "to a generator (options: mode=end_to_end|submodule)."
     )
 
+    default_top_k = 1  # §4: "we retrieve 1 passage each query"
+
     def __init__(self, settings: TeamSettings | None = None) -> None:
-        super().__init__(settings or TeamSettings(top_k=PAPER_TOP_K))
+        super().__init__(settings)
         self.mode = self.settings.options.get("mode", "end_to_end")
         if self.mode not in MODES:
             raise ValueError(f"qagent option 'mode' must be one of {', '.join(MODES)}, not '{self.mode}'")
@@ -160,4 +163,5 @@ class QAgent(Team):
             max_new_tokens=GENERATOR_TOKENS,
             model="generator",
         )
+        turn.meta["frozen"] = True
         return self.answer_from(turn)

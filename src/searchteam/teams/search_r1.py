@@ -6,8 +6,8 @@ of DAC §4.1 and QAgent §4: for at most `max_turns` actions the agent generates
 ends the episode. The whole trajectory is a `Transcript`, so the `<information>` text is recorded as
 environment tokens (`turn.meta["env_spans"]`) that RL masks out of the loss.
 
-Role: `agent`. Settings: `top_k` passages per search (paper default 3 when no settings are given),
-`max_turns` actions (Search-R1 counts invalid actions as turns too).
+Role: `agent`. Settings: `top_k` passages per search (paper default 3), `max_turns` actions (default 4;
+Search-R1 counts invalid actions as turns too).
 
 Fallbacks (each flags a format error on the turn, never raises):
 - an output with neither `<search>…</search>` nor `<answer>…</answer>` (or an empty query): Search-R1's
@@ -24,14 +24,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from searchteam.runtime.context import Context
-from searchteam.teams.base import Team, TeamSettings
+from searchteam.teams.base import Team
 from searchteam.teams.transcript import Transcript, information_block
 from searchteam.types import Question
 
 ACTION_STOP = ("</search>", "</answer>")
 ACTION_TOKENS = 128
 ANSWER_TOKENS = 32
-PAPER_TOP_K = 3
 
 
 @dataclass(frozen=True)
@@ -62,9 +61,7 @@ class SearchR1(Team):
     description = (
         "Monolithic Search-R1 agent: think, search, read <information>, answer, in one growing reply."
     )
-
-    def __init__(self, settings: TeamSettings | None = None) -> None:
-        super().__init__(settings or TeamSettings(top_k=PAPER_TOP_K))
+    default_top_k = 3  # Search-R1 retrieves the top-3 passages per search
 
     async def run(self, q: Question, ctx: Context) -> str:
         messages = self.chat(question=q.question)

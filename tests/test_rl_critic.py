@@ -1,0 +1,80 @@
+"""M-ASK's separate critic V_φ (`critic: separate`): the value loss trains only the critic's own weights
+(its LoRA adapter, or its model copy, and the head) and the policy loss never reaches them; with the
+default `critic: head` the value loss flows into the policy's adapter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from searchteam.rl.experience import Sample, collate
+from searchteam.rl.losses import value_loss
+from searchteam.rl.policy import CRITIC_ADAPTER, build_policy
+from tests.test_rl_trainer import config, tiny_model
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from searchteam.llm.models import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
+
+
+def batch(tokenizer):
+    ids = tokenizer("the capital of France is Paris", add_special_tokens=False)["input_ids"]
+    sample = Sample(ids[:4], ids[4:], [1] * len(ids[4:]), "plan", 0, "q", 0, returns=1.0)
+    return collate([sample, sample], pad_id=0)
+
+
+def grads_after(policy, b, which: str) -> dict[str, bool]:
+    policy.zero_grad(set_to_none=True)
+    logprobs, values, _ = policy(b.input_ids, b.attention_mask, b.target_index, b.value_index)
+    loss = value_loss(values, b.old_values, b.returns, None).loss if which == "value" else -logprobs.sum()
+    loss.backward()
+    return {n: p.grad is not None and bool(p.grad.abs().sum() > 0) for n, p in policy.named_parameters()}
+
+
+def is_critic(name: str) -> bool:
+    return name.startswith(("value_head.", "critic_model.")) or f".{CRITIC_ADAPTER}." in name
+
+
+@pytest.mark.parametrize("full_ft", [False, True], ids=["lora", "full"])
+def test_separate_critic_and_policy_do_not_share_gradients(tokenizer, full_ft: bool):
+    cfg = config(estimator="gae", critic="separate", full_ft=full_ft, lora_targets=["q_proj", "v_proj"])
+    policy = build_policy(tiny_model(tokenizer), tokenizer, cfg)
+    for p in policy.parameters():  # LoRA B and the head start at zero: give every weight a gradient path
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.02)
+    b = batch(tokenizer)
+    value = grads_after(policy, b, "value")
+    assert any(g for n, g in value.items() if is_critic(n) and not n.startswith("value_head."))
+    assert not any(g for n, g in value.items() if not is_critic(n))
+    pg = grads_after(policy, b, "policy")
+    assert any(g for n, g in pg.items() if not is_critic(n))
+    assert not any(g for n, g in pg.items() if is_critic(n))
+    if not full_ft:
+        assert policy.model.active_adapter == "policy"  # the generating adapter is restored
+    names = [g["name"] for g in policy.param_groups(1e-3, value_lr=1e-2)]
+    assert names == ["policy", "value"]
+
+
+def test_critic_head_shares_the_policy_adapter(tokenizer):
+    policy = build_policy(tiny_model(tokenizer), tokenizer, config(estimator="gae"))
+    for p in policy.parameters():
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.02)
+    value = grads_after(policy, batch(tokenizer), "value")
+    assert any(g for n, g in value.items() if "lora_" in n)
+
+
+def test_separate_critic_adapter_is_not_saved_as_a_generating_adapter(tokenizer, tmp_path):
+    cfg = config(estimator="gae", critic="separate")
+    policy = build_policy(tiny_model(tokenizer), tokenizer, cfg)
+    policy.save(tmp_path)
+    assert sorted(p.name for p in (tmp_path / "adapters").iterdir() if p.is_dir()) == ["policy"]
+    restored = build_policy(tiny_model(tokenizer, seed=1), tokenizer, cfg)
+    restored.load(tmp_path)
+    state, again = policy.trainable_state_dict(), restored.trainable_state_dict()
+    assert all(torch.equal(state[n], again[n]) for n in state)
