@@ -147,3 +147,19 @@ def test_resampling_rounds_draw_fresh_questions_with_fresh_seeds():
     }
     assert resample_questions(qs, 3, 1, 4, seed=1) == first
     assert len({sampling_seed(1, 3, 0, a) for a in range(3)}) == 3
+
+
+def test_shipped_recipes_follow_their_papers():
+    """DECOR Eq. 4 averages over sequences; DAC B.1 pairs a GAE searcher (γ = λ = 1) with a GRPO generator
+    (G = 5); Search-R1 trains on EM; QAgent Eq. 1 has β = 0.001; JADE Eq. 8 rewards the terminal turn."""
+    decor = load_train_run_config(Path("train-decor-cpu"), {})
+    assert decor.train.ratio_level == "sequence" and decor.train.loss_agg == "seq_mean"
+    dac = load_train_run_config(Path("train-dac-cpu"), {})
+    searcher, generator = (dac.train.estimator_of(r) for r in ("searcher", "generator"))
+    assert (searcher.estimator, searcher.gamma, searcher.lam) == ("gae", 1.0, 1.0)
+    assert generator.estimator == "grpo" and dac.group_size == 5
+    assert load_train_run_config(Path("train-search_r1-cpu"), {}).reward["metric"] == "em"
+    assert load_train_run_config(Path("train-qagent-cpu"), {}).train.kl_coef == 0.001
+    assert load_train_run_config(Path("train-jade-cpu"), {}).reward["placement"] == "last_turn"
+    gpu = load_train_run_config(Path("train-mask-gpu"), {})
+    assert gpu.top_k == 5 and gpu.train.critic == "separate" and gpu.train.gamma == 0.0

@@ -11,7 +11,7 @@ sample, as Search-R1 trains it, whose completion spans the whole assistant messa
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -112,16 +112,15 @@ def _sft_sample(
     e.g. the clean-evidence answer for a hard-positive input), trained by likelihood, not by advantage."""
     target = turn.meta.get("sft_target")
     completion = _encode(tokenizer, str(target)) if target else []
-    if not completion:
+    base = _turn_sample(turn, index, episode_id, group_id, tokenizer, render) if completion else None
+    if base is None:
         return None
-    return Sample(
-        prompt_ids=list(turn.prompt_token_ids) or _encode(tokenizer, render(turn)),
+    return replace(
+        base,
         completion_ids=completion,
         loss_mask=[1] * len(completion),
-        role=turn.role,
-        episode_id=episode_id,
-        group_id=group_id,
-        turn_index=index,
+        reward=0.0,
+        old_logprobs=None,
         sft=True,
     )
 
