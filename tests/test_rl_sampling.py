@@ -93,3 +93,33 @@ def test_sft_target_adds_a_likelihood_sample(tokenizer, tmp_path: Path):
     assert "sft_loss" in record and record["sft_loss"] > 0
     after = policy.trainable_state_dict()
     assert any(not torch.equal(before[n], after[n]) for n in before)
+
+
+def test_critic_learns_only_the_roles_gae_estimates(tokenizer, tmp_path: Path):
+    """DAC: the searcher's GAE needs the critic, the generator's GRPO does not. Searcher returns are 0 and
+    the (zero-initialised) critic predicts 0, so the value loss is exactly 0 unless generator rows, whose
+    GRPO returns are 1 and 0, leak into it."""
+
+    def rollout(step: int) -> list[Episode]:
+        episodes = [answer_episode(tokenizer, "q0", c) for c in (True, False)]
+        for ep in episodes:
+            ep.turns[0].role = "generator"
+            ep.turns.insert(0, ep.turns[0].model_copy(update={"role": "searcher", "completion": "<stop>"}))
+        return episodes
+
+    def reward(episodes: list[Episode]) -> None:
+        reward_paris(episodes)
+        for ep in episodes:
+            ep.turns[0].reward = 0.0
+
+    cfg = config(
+        steps=1,
+        estimator="grpo",
+        role_estimators={"searcher": {"estimator": "gae"}},
+        lora_per_role=True,
+        roles=["searcher", "generator"],
+        lr=1e-9,
+    )
+    policy = build_policy(tiny_model(tokenizer), tokenizer, cfg)
+    (record,) = Trainer(policy, rollout, reward, cfg, tmp_path).train()
+    assert record["samples"] == 4 and record["value_loss"] == 0.0

@@ -351,6 +351,9 @@ class Trainer:
         num_tokens = float(sum(s.num_trained_tokens for c in chunks for s in c if not s.sft))
         num_seqs = float(sum(not s.sft for c in chunks for s in c))
         num_sft_tokens = float(sum(s.num_trained_tokens for c in chunks for s in c if s.sft))
+        num_critic = float(
+            sum(not s.sft and cfg.estimator_of(s.role).estimator == "gae" for c in chunks for s in c)
+        )
         stats: dict[str, list[float]] = defaultdict(list)
         finite = True
         for i, chunk in enumerate(chunks):
@@ -390,8 +393,12 @@ class Trainer:
                     entropy_coef=cfg.entropy_coef,
                 )
                 loss = out.loss
-                if values is not None:
-                    vout = value_loss(values, batch.old_values, batch.returns, cfg.value_clip, num_seqs)
+                rows = [i for i, s in enumerate(chunk) if cfg.estimator_of(s.role).estimator == "gae"]
+                if values is not None and rows:  # the critic learns only the turns GAE estimates
+                    idx = torch.tensor(rows, device=values.device)
+                    vout = value_loss(
+                        values[idx], batch.old_values[idx], batch.returns[idx], cfg.value_clip, num_critic
+                    )
                     loss = loss + cfg.value_coef * vout.loss
                     out.stats.update(vout.stats)
                 finite = finite and bool(torch.isfinite(loss))
