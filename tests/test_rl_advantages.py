@@ -195,3 +195,16 @@ def test_sft_samples_get_no_advantage():
     samples.append(Sample([1], [2], [1], "generator", 1, "q", 0, sft=True))
     assign_advantages(samples, TrainConfig(estimator="grpo", adv_eps=1e-12))
     assert samples[2].advantage == 0.0 and samples[0].advantage > 0
+
+
+def test_credit_stats_report_each_roles_mean_return_and_advantage():
+    from searchteam.rl.trainer import credit_stats
+
+    samples = [_sample("plan", "q", 0, 0, 0.0), _sample("answer", "q", 0, 1, 0.5)]
+    assign_advantages(samples, TrainConfig(estimator="gae", gamma=0.0))
+    assert credit_stats(samples) == {
+        "return/answer": 0.5,
+        "abs_advantage/answer": 0.5,
+        "return/plan": 0.0,
+        "abs_advantage/plan": 0.0,
+    }

@@ -149,6 +149,20 @@ def role_stats(samples: list[Sample]) -> dict[str, float]:
     return out
 
 
+def credit_stats(samples: list[Sample]) -> dict[str, float]:
+    """Per-role mean return (the critic's target, or the trajectory reward of a group estimator) and mean
+    |advantage| after `assign_advantages`, to read the credit each role received from the log."""
+    out: dict[str, float] = {}
+    by_role: dict[str, list[Sample]] = defaultdict(list)
+    for s in samples:
+        if not s.sft:
+            by_role[s.role].append(s)
+    for role, group in sorted(by_role.items()):
+        out[f"return/{role}"] = float(np.mean([s.returns for s in group]))
+        out[f"abs_advantage/{role}"] = float(np.mean([abs(s.advantage) for s in group]))
+    return out
+
+
 class Trainer:
     """PPO / GRPO / GSPO trainer for one Policy. `train()` runs until `config.steps`; `resume()` first
     restores the newest (or a given) checkpoint so that the run continues exactly where it stopped.
@@ -323,6 +337,7 @@ class Trainer:
     def _update(self, samples: list[Sample]) -> dict[str, float]:
         self._score(samples)
         assign_advantages(samples, self.config)
+        credit = credit_stats(samples)
         stats: dict[str, list[float]] = defaultdict(list)
         skipped = updates = 0
         self.policy.train()
@@ -336,7 +351,7 @@ class Trainer:
                 for k, v in step_stats.items():
                     stats[k].append(v)
         self.policy.eval()
-        out = {k: float(np.mean(v)) for k, v in stats.items()}
+        out = {k: float(np.mean(v)) for k, v in stats.items()} | credit
         out.update(updates=updates, skipped_updates=skipped)
         return out
 
