@@ -220,7 +220,7 @@ def build_trainer(
     team = build_team(cfg)
     reward = build_reward_scheme(cfg.method, cfg.reward)  # validates the options before loading models
     check_reward_placement(getattr(getattr(reward, "options", None), "placement", None), cfg.train)
-    frozen_generator(cfg)
+    frozen_generator(cfg)  # refuses a QAgent stage-2 run without submodule mode before any model loads
     policy = load_policy(cfg.model, cfg.train, device=cfg.device, dtype=cfg.dtype)
     if cfg.judge_model:
         reward = build_reward_scheme(

@@ -158,6 +158,6 @@ class TrainConfig(BaseModel):
         """Whether some trained turn's credit sums the rewards of later turns (GAE with γ > 0, or samples
         that merge a chain of continued turns): rewards must then be placed as increments, not repeated
         on every turn."""
-        gae_roles = [self.estimator_of(r) for r in self.role_estimators] + [self.estimator_of("")]
-        summing = any(e.estimator == "gae" and (e.gamma or 0) > 0 for e in gae_roles)
+        estimators = [self.estimator_of(r) for r in self.role_estimators] + [self.estimator_of("")]
+        summing = any(e.estimator == "gae" and (e.gamma or 0) > 0 for e in estimators)
         return summing or self.merge_continuations

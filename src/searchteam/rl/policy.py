@@ -151,18 +151,13 @@ class Policy(nn.Module):
     def _critic_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Last hidden states of the separate value model: its own model copy, or the backbone with the
         critic adapter switched in for this one pass (then the generating adapter is restored)."""
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
         if self.critic_model is not None:
-            decoder = self.critic_model.get_decoder()
-            return decoder(
-                input_ids=input_ids, attention_mask=attention_mask, use_cache=False
-            ).last_hidden_state
+            return self.critic_model.get_decoder()(**inputs).last_hidden_state
         active = self.model.active_adapter
         self.model.set_adapter(CRITIC_ADAPTER)
         try:
-            decoder = self.model.get_decoder()
-            return decoder(
-                input_ids=input_ids, attention_mask=attention_mask, use_cache=False
-            ).last_hidden_state
+            return self.model.get_decoder()(**inputs).last_hidden_state
         finally:
             self.model.set_adapter(active)
             for name in self._trainable:  # set_adapter froze the inactive adapters; all keep training
@@ -232,10 +227,9 @@ class Policy(nn.Module):
         if self.value_head is not None:
             head = torch.load(directory / "value_head.pt", weights_only=True)
             state.update({f"value_head.{k}": v for k, v in head.items()})
-        for f in (
-            sorted((directory / "critic").glob("*.safetensors")) if self.critic_model is not None else []
-        ):
-            state.update({f"critic_model.{k}": v for k, v in load_file(f).items()})
+        if self.critic_model is not None:
+            for f in sorted((directory / "critic").glob("*.safetensors")):
+                state.update({f"critic_model.{k}": v for k, v in load_file(f).items()})
         self.load_trainable_state_dict({k: v for k, v in state.items() if k in self._params})
 
 

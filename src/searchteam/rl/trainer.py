@@ -92,12 +92,17 @@ def group_of(sample: Sample, by_role: bool) -> tuple:
     return (sample.group_id, sample.role if by_role else "", sample.subgroup)
 
 
-def trajectory_rewards(samples: list[Sample], by_role: bool) -> dict[tuple, list[Sample]]:
+def trajectories(samples: list[Sample], by_role: bool) -> list[list[Sample]]:
     """Samples bucketed by trajectory (see `trajectory_key`), in first-seen order."""
     units: dict[tuple, list[Sample]] = defaultdict(list)
     for s in samples:
         units[trajectory_key(s, by_role)].append(s)
-    return units
+    return list(units.values())
+
+
+def trajectory_reward(members: list[Sample]) -> float:
+    """R_i of a group estimator: the mean reward of the trajectory's samples."""
+    return float(np.mean([s.reward for s in members]))
 
 
 def _assign_group(samples: list[Sample], by_role: bool, eps: float, scale: bool) -> None:
@@ -105,9 +110,8 @@ def _assign_group(samples: list[Sample], by_role: bool, eps: float, scale: bool)
     one reward R_i, the mean reward of its samples (the outcome itself when the scheme repeats it on every
     turn), Â_i = (R_i − μ_g) / (σ_g + ε) over the G trajectories of its group, broadcast to its turns. A
     trajectory with many turns thus counts once, as in the papers, not once per turn."""
-    units = trajectory_rewards(samples, by_role)
-    members = list(units.values())
-    rewards = torch.tensor([float(np.mean([s.reward for s in m])) for m in members], dtype=torch.float64)
+    members = trajectories(samples, by_role)
+    rewards = torch.tensor([trajectory_reward(m) for m in members], dtype=torch.float64)
     adv = group_normalize(rewards, [group_of(m[0], by_role) for m in members], eps, scale)
     for m, a, r in zip(members, adv.tolist(), rewards.tolist(), strict=True):
         for s in m:
@@ -117,20 +121,14 @@ def _assign_group(samples: list[Sample], by_role: bool, eps: float, scale: bool)
 def informative_mask(samples: list[Sample], config: TrainConfig) -> list[bool]:
     """DAPO dynamic sampling at the trajectory level: False for the samples of a group whose trajectory
     rewards are all equal (zero advantage). GAE-estimated and SFT samples are always kept."""
-    keep = [True] * len(samples)
-    for by_role in (False, True):
-        picked = [
-            i
-            for i, s in enumerate(samples)
-            if not s.sft and config.estimator_of(s.role).estimator == ("role_grpo" if by_role else "grpo")
-        ]
-        units = trajectory_rewards([samples[i] for i in picked], by_role)
-        unit_of = {key: n for n, key in enumerate(units)}
-        rewards = [float(np.mean([s.reward for s in m])) for m in units.values()]
-        varied = informative_groups(rewards, [group_of(m[0], by_role) for m in units.values()])
-        for i in picked:
-            keep[i] = varied[unit_of[trajectory_key(samples[i], by_role)]]
-    return keep
+    dropped: set[int] = set()
+    for by_role, kind in ((False, "grpo"), (True, "role_grpo")):
+        picked = [s for s in samples if not s.sft and config.estimator_of(s.role).estimator == kind]
+        members = trajectories(picked, by_role)
+        rewards = [trajectory_reward(m) for m in members]
+        varied = informative_groups(rewards, [group_of(m[0], by_role) for m in members])
+        dropped |= {id(s) for m, v in zip(members, varied, strict=True) if not v for s in m}
+    return [id(s) not in dropped for s in samples]
 
 
 def role_stats(samples: list[Sample]) -> dict[str, float]:

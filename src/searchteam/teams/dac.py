@@ -115,7 +115,9 @@ class DAC(Team):
         ctx.episode.meta |= {"abstention": abstain, "abstained": abstained}
         if probes and last_search is not None:
             last_search.meta["partial_abstained"] = abstained  # §3.4: the final call is G(Q, E≤T)
-        if self.option("hard_positives", ctx) and sufficiency(_texts(evidence), q.golden_answers):
+        if self.option("hard_positives", ctx) and sufficiency(
+            [p.contents for p in evidence], q.golden_answers
+        ):
             await self._hard_positive(q, evidence, abstain, ctx)  # §3.3
         return answer
 
@@ -197,7 +199,3 @@ class DAC(Team):
             turn.flag_format_error("answered 'unknown' although abstention is off at test time")
             return turn, "", False
         return turn, parsed.value, is_abstention(parsed.value)
-
-
-def _texts(passages: list[Passage]) -> list[str]:
-    return [p.contents for p in passages]
