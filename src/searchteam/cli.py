@@ -32,7 +32,9 @@ MethodOpt = Annotated[
 ModelOpt = Annotated[
     str | None, typer.Option(help="Preset (smollm2-135m, qwen2.5-coder-0.5b), HF id or path.")
 ]
-BackendOpt = Annotated[str | None, typer.Option(help="hf | openai | vllm")]
+BackendOpt = Annotated[
+    str | None, typer.Option(help="auto | hf | ov | openai | vllm (auto: ov on the CPU, hf/vllm on CUDA)")
+]
 BaseUrlOpt = Annotated[str | None, typer.Option(help="OpenAI-compatible server URL for --backend openai.")]
 RetrieverOpt = Annotated[str | None, typer.Option(help="bm25 | dense | http://host:port of serve-retriever.")]
 DeviceOpt = Annotated[str | None, typer.Option(help="cpu | cuda | auto")]

@@ -22,7 +22,12 @@ class RunConfig(BaseModel):
 
     method: str = "naive_rag"
     model: str = DEFAULT_MODEL
-    backend: Literal["hf", "openai", "vllm"] = "hf"
+    backend: Literal["auto", "hf", "ov", "openai", "vllm"] = Field(
+        "auto", description="auto: ov on the CPU where it runs the model, hf (or vllm) on CUDA"
+    )
+    ov_precision: Literal["int8", "fp16", "fp32"] = Field(
+        "int8", description="weights of the ov backend's converted model (fp32: exactly the hf model)"
+    )
     base_url: str | None = None
     extra_models: dict[str, str] = Field(
         default_factory=dict,

@@ -61,4 +61,5 @@ def _llm(config: RunConfig, model: str) -> LLM:
         device=config.device,
         dtype=config.dtype,
         seed=config.seed,
+        ov_precision=config.ov_precision,
     )

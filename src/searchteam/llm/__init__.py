@@ -5,20 +5,50 @@ from __future__ import annotations
 from searchteam.llm.base import LLM, Completion, GenerationRequest, LLMError, SamplingParams
 from searchteam.llm.models import DEFAULT_MODEL, PRESETS
 
-BACKENDS = ("hf", "openai", "vllm")
+BACKENDS = ("auto", "hf", "ov", "openai", "vllm")
+
+
+def resolve_backend(backend: str, model: str, device: str | None = None, logprobs: bool = False) -> str:
+    """`auto`: on CUDA vLLM where installed, else transformers; on the CPU OpenVINO GenAI when installed and
+    the model is one it runs (a preset or a LoRA checkpoint of one) and no logprobs are asked for, else
+    transformers. Any other name is kept."""
+    if backend != "auto":
+        return backend
+    import importlib.util
+
+    import torch
+
+    if device and device != "auto" and not device.startswith("cuda"):
+        cuda = False
+    else:
+        cuda = (device or "").startswith("cuda") or torch.cuda.is_available()
+    if cuda:
+        return "vllm" if importlib.util.find_spec("vllm") else "hf"
+    from searchteam.llm.ov import ov_supports
+
+    return "ov" if not logprobs and ov_supports(model) else "hf"
 
 
 def build_llm(
     model: str = DEFAULT_MODEL,
     *,
-    backend: str = "hf",
+    backend: str = "auto",
     base_url: str | None = None,
     device: str | None = None,
     dtype: str | None = None,
     logprobs: bool = False,
     seed: int | None = None,
+    ov_precision: str = "int8",
 ) -> LLM:
-    """Construct a backend by name. `openai` needs `base_url` (e.g. http://localhost:8000/v1)."""
+    """Construct a backend by name (`auto`: see `resolve_backend`). `openai` needs `base_url` (e.g.
+    http://localhost:8000/v1); `ov_precision` is the weight precision of the `ov` backend."""
+    backend = resolve_backend(backend, model, device, logprobs)
+    if backend == "ov":
+        if logprobs:
+            raise LLMError("the ov backend gives no logprobs; use --backend hf (the trainer recomputes them)")
+        from searchteam.llm.ov import OVBackend
+
+        return OVBackend(model, precision=ov_precision, seed=seed)
     if backend == "hf":
         from searchteam.llm.hf import HFBackend
 
@@ -46,4 +76,5 @@ __all__ = [
     "LLMError",
     "SamplingParams",
     "build_llm",
+    "resolve_backend",
 ]

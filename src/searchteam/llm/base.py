@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -56,7 +57,43 @@ class LLM(Protocol):
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]: ...
 
 
+def render_chat(tokenizer, request: GenerationRequest) -> str:
+    """The exact prompt text every local backend feeds its model: the transformers chat template with the
+    generation prompt, plus any assistant continuation."""
+    text = tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True)
+    return text + request.continuation
+
+
 def truncate_at_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
     """Cut `text` right after the earliest stop string (the stop string is kept, so tags stay closed)."""
     cut = min(((i + len(s)) for s in stop if (i := text.find(s)) >= 0), default=-1)
     return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+def cut_completion(
+    ids: list[int], eos_ids: set[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]
+) -> tuple[list[int], str, bool]:
+    """The sampled part of one row of a batched generate: its ids, text and whether it stopped (else it ran
+    to the token limit). A row that finished early is filled with pad ids, and pad is often an EOS id, so
+    the row ends at the first token whose prefix decodes to a stop string (the padding that follows is
+    not sampled, EOS-valued or not), else at the first EOS inclusive (then a real, sampled EOS). The text
+    is the kept ids' text cut right after the stop string, as `truncate_at_stop` does."""
+    first_eos = next((i for i, tid in enumerate(ids) if tid in eos_ids), None)
+    head = ids if first_eos is None else ids[: first_eos + 1]
+    text, hit_stop = truncate_at_stop(decode(head), stop)
+    if hit_stop:
+        head = head[: _stop_end(head, stop, decode)]
+        text, _ = truncate_at_stop(decode(head), stop)
+    return head, text, hit_stop or first_eos is not None
+
+
+def _stop_end(ids: list[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]) -> int:
+    """The fewest leading ids whose text holds a stop string (binary search; `ids` as a whole holds one)."""
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if truncate_at_stop(decode(ids[:mid]), stop)[1]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

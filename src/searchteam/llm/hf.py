@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from searchteam.llm.base import Completion, GenerationRequest, SamplingParams, truncate_at_stop
+from searchteam.llm.base import Completion, GenerationRequest, SamplingParams, cut_completion, render_chat
 from searchteam.llm.logprobs import chosen_token_logprobs
 from searchteam.llm.models import resolve_model
 
@@ -68,11 +68,7 @@ class HFBackend:
         self._autocast = autocast
 
     def render(self, request: GenerationRequest) -> str:
-        """The exact prompt text: chat template with generation prompt, plus any assistant continuation."""
-        text = self.tokenizer.apply_chat_template(
-            request.messages, tokenize=False, add_generation_prompt=True
-        )
-        return text + request.continuation
+        return render_chat(self.tokenizer, request)
 
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
         """One batched generate call per group of requests sharing sampling params (and role, when
@@ -119,7 +115,7 @@ class HFBackend:
         eos_ids = self._eos_ids()
         for row in range(len(requests)):
             prompt_ids = enc["input_ids"][row][enc["attention_mask"][row].bool()].tolist()
-            new_ids, text, stopped = _cut_completion(
+            new_ids, text, stopped = cut_completion(
                 sequences[row, prompt_len:].tolist(), eos_ids, sampling.stop, _decoder(tok)
             )
             finish = "stop" if stopped else "length"
@@ -175,35 +171,6 @@ class HFBackend:
 
 def _decoder(tokenizer) -> Callable[[list[int]], str]:
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
-
-
-def _cut_completion(
-    ids: list[int], eos_ids: set[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]
-) -> tuple[list[int], str, bool]:
-    """The sampled part of one row of a batched generate: its ids, text and whether it stopped (else it ran
-    to the token limit). A row that finished early is filled with pad ids, and pad is often an EOS id, so
-    the row ends at the first token whose prefix decodes to a stop string (the padding that follows is
-    not sampled, EOS-valued or not), else at the first EOS inclusive (then a real, sampled EOS). The text
-    is the kept ids' text cut right after the stop string, as `truncate_at_stop` does."""
-    first_eos = next((i for i, tid in enumerate(ids) if tid in eos_ids), None)
-    head = ids if first_eos is None else ids[: first_eos + 1]
-    text, hit_stop = truncate_at_stop(decode(head), stop)
-    if hit_stop:
-        head = head[: _stop_end(head, stop, decode)]
-        text, _ = truncate_at_stop(decode(head), stop)
-    return head, text, hit_stop or first_eos is not None
-
-
-def _stop_end(ids: list[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]) -> int:
-    """The fewest leading ids whose text holds a stop string (binary search; `ids` as a whole holds one)."""
-    lo, hi = 1, len(ids)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if truncate_at_stop(decode(ids[:mid]), stop)[1]:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
 
 
 def _load(name: str, dtype: torch.dtype):

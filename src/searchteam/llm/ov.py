@@ -1,0 +1,196 @@
+"""OpenVINO GenAI backend: continuous batching with prefix caching on the CPU, LoRA adapters at runtime.
+
+Prompts are rendered and tokenized by the transformers tokenizer (the same token ids as the `hf` backend)
+and completions decoded by it, so only the forward passes run in OpenVINO. Each distinct LoRA adapter gets
+its own pipeline with the adapter fixed at construction: GenAI's prefix cache is keyed by tokens alone, so a
+pipeline whose adapter changed could reuse KV computed with other weights. `set_adapters` rebuilds them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping
+from itertools import groupby
+from pathlib import Path
+
+import numpy as np
+
+from searchteam.llm.base import Completion, GenerationRequest, LLMError, cut_completion, render_chat
+from searchteam.llm.models import PRESETS, resolve_model
+from searchteam.llm.ov_export import openvino_model_dir
+from searchteam.paths import cache_dir
+
+SHARED = ""  # the adapter key of a policy with one adapter for every role
+
+
+def ov_supports(model: str) -> bool:
+    """Whether OpenVINO GenAI is installed and `model` is one the ov backend runs."""
+    import importlib.util
+
+    if importlib.util.find_spec("openvino_genai") is None:
+        return False
+    try:
+        ov_base_and_adapters(model)
+    except LLMError:
+        return False
+    return True
+
+
+class OVBackend:
+    """Generates with an OpenVINO GenAI continuous-batching pipeline over a converted preset.
+
+    `name` is a preset or a `searchteam train` checkpoint of one with LoRA adapters (one shared, or one per
+    role, routed by `request.role`). `precision` is the converted weights' (int8 by default; fp32 computes
+    exactly what the `hf` backend computes, KV cache included). `cache_gb` sizes the KV cache."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        precision: str = "int8",
+        seed: int | None = None,
+        cache_gb: int = 1,
+        prefix_caching: bool = True,
+    ) -> None:
+        from transformers import AutoTokenizer
+
+        self.name = name
+        preset, adapters = ov_base_and_adapters(name)
+        self.model_dir = openvino_model_dir(preset, precision)
+        self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(preset))
+        self.precision = precision
+        self._cache_gb = cache_gb
+        self._prefix_caching = prefix_caching
+        self._rng = np.random.default_rng(seed)
+        self._lock = threading.Lock()
+        self._pipelines: dict[str, tuple[object, object | None]] = {}
+        self.set_adapters(adapters)
+
+    def set_adapters(self, adapters: Mapping[str, Path]) -> None:
+        """Use these peft LoRA adapter folders from now on: `{role: folder}`, or `{SHARED: folder}` for one
+        adapter on every role; `{}` for the base model. Builds one pipeline per adapter."""
+        with self._lock:
+            self._pipelines = {}
+            for key, folder in adapters.items() or [(SHARED, None)]:
+                self._pipelines[key] = self._pipeline(folder)
+
+    def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+        """One pipeline call per adapter; within it the engine batches requests of any sampling params."""
+        results: dict[int, Completion] = {}
+        order = sorted(range(len(requests)), key=lambda i: self._adapter_key(requests[i].role))
+        with self._lock:
+            for key, group in groupby(order, key=lambda i: self._adapter_key(requests[i].role)):
+                idx = list(group)
+                outs = self._generate_group([requests[i] for i in idx], *self._pipelines[key])
+                results.update(zip(idx, outs, strict=True))
+        return [results[i] for i in range(len(requests))]
+
+    def _adapter_key(self, role: str) -> str:
+        return role if role in self._pipelines else next(iter(self._pipelines))
+
+    def _pipeline(self, adapter_folder: Path | None) -> tuple[object, object | None]:
+        import openvino_genai as ov_genai
+
+        scheduler = ov_genai.SchedulerConfig()
+        scheduler.cache_size = self._cache_gb
+        scheduler.enable_prefix_caching = self._prefix_caching
+        properties: dict[str, object] = {}
+        if self.precision == "fp32":
+            properties.update(INFERENCE_PRECISION_HINT="f32", KV_CACHE_PRECISION="f32")
+        adapter_config = None
+        if adapter_folder is not None:
+            adapter_config = ov_genai.AdapterConfig(*_engine_adapter(Path(adapter_folder)))
+            properties["adapters"] = adapter_config
+        pipeline = ov_genai.ContinuousBatchingPipeline(str(self.model_dir), scheduler, "CPU", properties)
+        return pipeline, adapter_config
+
+    def _generate_group(
+        self, requests: list[GenerationRequest], pipeline, adapter_config
+    ) -> list[Completion]:
+        import openvino as ov
+
+        prompt_ids = [
+            self.tokenizer(render_chat(self.tokenizer, r), add_special_tokens=False)["input_ids"]
+            for r in requests
+        ]
+        configs = [self._config(r, adapter_config) for r in requests]
+        inputs = [ov.Tensor(np.asarray([ids], dtype=np.int64)) for ids in prompt_ids]
+        outputs = pipeline.generate(inputs, configs)
+        eos = self._eos_ids()
+        completions = []
+        for ids, request, out in zip(prompt_ids, requests, outputs, strict=True):
+            new_ids, text, stopped = cut_completion(
+                list(out.m_generation_ids[0]), eos, request.sampling.stop, self._decode
+            )
+            completions.append(
+                Completion(
+                    text=text,
+                    prompt_token_ids=list(ids),
+                    token_ids=new_ids,
+                    prompt_tokens=len(ids),
+                    completion_tokens=len(new_ids),
+                    finish_reason="stop" if stopped else "length",
+                )
+            )
+        return completions
+
+    def _config(self, request: GenerationRequest, adapter_config):
+        import openvino_genai as ov_genai
+
+        sampling = request.sampling
+        config = ov_genai.GenerationConfig()
+        config.max_new_tokens = sampling.max_new_tokens
+        config.set_eos_token_id(self.tokenizer.eos_token_id)
+        config.stop_token_ids = self._eos_ids()
+        if sampling.stop:
+            config.stop_strings = set(sampling.stop)
+            config.include_stop_str_in_output = True
+        if not sampling.greedy:
+            config.do_sample = True
+            config.temperature = sampling.temperature
+            config.top_p = sampling.top_p
+            config.top_k = 0
+            config.rng_seed = int(self._rng.integers(2**31 - 1))
+        if adapter_config is not None:
+            config.adapters = adapter_config
+        return config
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _eos_ids(self) -> set[int]:
+        return {self.tokenizer.eos_token_id}
+
+
+def ov_base_and_adapters(name: str) -> tuple[str, dict[str, Path]]:
+    """The preset under `name` and its LoRA adapters: a preset has none; a `searchteam train` checkpoint
+    has one shared adapter or one per role (`policy/adapters/ROLE`)."""
+    if name in PRESETS:
+        return name, {}
+    adapters = sorted(p.parent for p in (Path(name) / "policy" / "adapters").glob("*/adapter_config.json"))
+    if not adapters:
+        raise LLMError(
+            f"the ov backend runs the presets ({', '.join(PRESETS)}) and LoRA checkpoints of them; "
+            f"'{name}' is neither (full fine-tuned weights need --backend hf)"
+        )
+    base = json.loads((adapters[0] / "adapter_config.json").read_text())["base_model_name_or_path"]
+    preset = next((p for p in PRESETS if base in (p, str(cache_dir("models") / p))), None)
+    if preset is None:
+        raise LLMError(f"{name}: its adapters were trained on '{base}', not on a preset the ov backend runs")
+    if len(adapters) == 1:
+        return preset, {SHARED: adapters[0]}
+    return preset, {path.name: path for path in adapters}
+
+
+def _engine_adapter(folder: Path) -> tuple[object, float]:
+    """A peft adapter as GenAI applies it: the safetensors file and peft's scale (lora_alpha / r, or over
+    √r with rsLoRA), since GenAI ignores the file's own alpha and scales by the configured one."""
+    import openvino_genai as ov_genai
+
+    config = json.loads((folder / "adapter_config.json").read_text())
+    if config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise LLMError(f"{folder}: per-module ranks or alphas are not supported by the ov backend")
+    rank = config["r"]
+    scale = config["lora_alpha"] / (rank**0.5 if config.get("use_rslora") else rank)
+    return ov_genai.Adapter(str(folder / "adapter_model.safetensors")), scale
