@@ -126,6 +126,8 @@ def test_two_training_steps_with_the_real_default_model(tmp_path):
     for r in records:
         assert r["episodes"] == 2 and r["samples/agent"] >= 2 and r["skipped_updates"] == 0
         assert r["time/rollout"] > 0 and r["time/update"] > 0
+        assert r["time/weight_sync"] > 0  # rollouts ran in OpenVINO with the adapters of the last update
+    assert len(list((run / "rollout_adapters" / "rank0").iterdir())) == 1  # older syncs are deleted
     resolved = yaml.safe_load((run / "config.yaml").read_text())
     assert resolved["top_k"] == 1 and resolved["max_turns"] == 1
     checkpoint = run / "checkpoints" / "step-000002"

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
+import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,7 @@ from searchteam.config import SHIPPED_CONFIGS, ConfigError, RunConfig, load_conf
 from searchteam.data.benchmark import load_benchmark, load_questions
 from searchteam.eval.runner import effective_config
 from searchteam.factory import build_sampling, build_team
-from searchteam.llm import build_llm
+from searchteam.llm import build_llm, resolve_backend
 from searchteam.llm.hf import HFBackend
 from searchteam.retrieval import build_retriever
 from searchteam.rewards.schemes import build_reward_scheme
@@ -156,35 +159,75 @@ def compute_dtype(train: TrainConfig):
     return half if train.full_ft else None
 
 
+def rollout_engine(cfg: TrainRunConfig) -> str:
+    """What generates the rollouts. `hf` shares the policy model itself. `ov` (OpenVINO GenAI; what `auto`
+    picks on the CPU for a LoRA policy of a preset) and `openai` (a vLLM server with runtime LoRA) load the
+    policy's adapters after every update; their logprobs are never used (`old_logprobs: recompute`)."""
+    auto = cfg.backend == "auto"
+    engine = resolve_backend(cfg.backend, cfg.model, cfg.device)
+    if engine == "vllm":
+        if auto:
+            return "hf"
+        raise ConfigError(
+            "rollouts go to a vLLM server, not an in-process vLLM: start `vllm serve MODEL --enable-lora` "
+            "with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and set backend: openai and base_url"
+        )
+    if engine in ("ov", "openai"):
+        why = None
+        if cfg.train.full_ft:
+            why = "full fine-tuning (an engine loads LoRA adapters, not new weights)"
+        elif cfg.train.old_logprobs == "rollout":
+            why = "old_logprobs: rollout (an engine's logprobs are not the training model's)"
+        if why and auto:
+            return "hf"
+        if why:
+            raise ConfigError(f"backend '{engine}' cannot generate rollouts with {why}: use backend: hf")
+    return engine
+
+
 def make_rollout(
-    cfg: TrainRunConfig, team: Team, policy: Policy, questions: list[Question]
+    cfg: TrainRunConfig, team: Team, policy: Policy, questions: list[Question], workdir: Path
 ) -> Callable[..., list[Episode]]:
     """Rollouts with the current weights (`rollout(step)`, or `rollout(step, attempt)` for a DAPO
-    re-sampling round on fresh questions): the hf backend shares the policy model (per-role adapters are
-    switched by role before each batch). Each question runs `group_size` times with training=True."""
-    backend = HFBackend(
-        cfg.model,
-        model=policy.model,
-        tokenizer=policy.tokenizer,
-        logprobs=cfg.train.old_logprobs == "rollout",  # otherwise the trainer recomputes π_old
-        activate=policy.activate if cfg.train.lora_per_role else None,
-        autocast=compute_dtype(cfg.train),  # full fine-tuning keeps fp32 master weights
-    )
+    re-sampling round on fresh questions). With the hf engine the backend shares the policy model (per-role
+    adapters are switched by role before each batch); another engine first loads the adapters saved under
+    `workdir` (timed as `time/weight_sync`). Each question runs `group_size` times with training=True."""
+    engine = rollout_engine(cfg)
+    if engine == "hf":
+        backend = HFBackend(
+            cfg.model,
+            model=policy.model,
+            tokenizer=policy.tokenizer,
+            logprobs=cfg.train.old_logprobs == "rollout",  # otherwise the trainer recomputes π_old
+            activate=policy.activate if cfg.train.lora_per_role else None,
+            autocast=compute_dtype(cfg.train),  # full fine-tuning keeps fp32 master weights
+        )
+    else:
+        backend = build_llm(
+            cfg.model, backend=engine, base_url=cfg.base_url, seed=cfg.seed, ov_precision=cfg.ov_precision
+        )
     extra = {
-        name: build_llm(model, backend="hf", device=cfg.device)
+        name: build_llm(model, backend=cfg.backend, device=cfg.device, ov_precision=cfg.ov_precision)
         for name, model in frozen_generator(cfg).items()
     }
     retriever = build_retriever(cfg.retriever, corpus=cfg.corpus) if team.uses_retrieval else None
     sampling = build_sampling(cfg)
+    timings: dict[str, float] = {}
 
     def rollout(step: int, attempt: int = 0) -> list[Episode]:
         rank, world = PartialState().process_index, PartialState().num_processes
+        timings.clear()
+        if engine != "hf" and attempt == 0:  # the weights changed in the last update
+            timings["time/weight_sync"] = sync_adapters(policy, backend, workdir / f"rank{rank}")
         per_step, shard = cfg.questions_per_step, {"rank": rank, "world": world}
         if attempt:
             batch = resample_questions(questions, step, attempt, per_step, cfg.seed, **shard)
         else:
             batch = questions_for_step(questions, step, per_step, cfg.seed, **shard)
-        torch.manual_seed(sampling_seed(cfg.seed, step, rank, attempt))
+        seed = sampling_seed(cfg.seed, step, rank, attempt)
+        torch.manual_seed(seed)
+        if hasattr(backend, "reseed"):
+            backend.reseed(seed)
         copies = [
             q.model_copy(update={"meta": {**q.meta, "replica": r}})
             for q in batch
@@ -211,7 +254,21 @@ def make_rollout(
             episode.meta["group_id"] = episode.question.id
         return episodes
 
+    rollout.timings = timings  # type: ignore[attr-defined]  # read by the trainer after each call
     return rollout
+
+
+def sync_adapters(policy: Policy, engine, root: Path) -> float:
+    """Save the policy's adapters into a fresh folder under `root`, have `engine` load them, then delete
+    the older folders (an engine may read its adapter files until it has the new ones). Returns seconds."""
+    start = time.perf_counter()
+    root.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="step-", dir=root))
+    engine.set_adapters(policy.save_adapters(folder))
+    for old in root.iterdir():
+        if old != folder:
+            shutil.rmtree(old, ignore_errors=True)
+    return time.perf_counter() - start
 
 
 def build_trainer(
@@ -226,7 +283,7 @@ def build_trainer(
         reward = build_reward_scheme(
             cfg.method, cfg.reward, judge=build_llm(cfg.judge_model, device=cfg.device)
         )
-    rollout = make_rollout(cfg, team, policy, training_questions(cfg))
     out.mkdir(parents=True, exist_ok=True)
+    rollout = make_rollout(cfg, team, policy, training_questions(cfg), out / "rollout_adapters")
     (out / "config.yaml").write_text(yaml.safe_dump(effective_config(cfg, team), sort_keys=False))
     return Trainer(policy, rollout, reward, cfg.train, out, accelerator=accelerator, on_step=on_step)

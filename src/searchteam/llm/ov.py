@@ -67,6 +67,10 @@ class OVBackend:
         self._pipelines: dict[str, tuple[object, object | None]] = {}
         self.set_adapters(adapters)
 
+    def reseed(self, seed: int) -> None:
+        """Restart the stream of per-request sampling seeds (reproducible rollouts per training step)."""
+        self._rng = np.random.default_rng(seed)
+
     def set_adapters(self, adapters: Mapping[str, Path]) -> None:
         """Use these peft LoRA adapter folders from now on: `{role: folder}`, or `{SHARED: folder}` for one
         adapter on every role; `{}` for the base model. Builds one pipeline per adapter."""

@@ -209,9 +209,17 @@ class Policy(nn.Module):
             if self.critic_model is not None:
                 self.critic_model.save_pretrained(directory / "critic")
             return
-        generating = [a for a in self.model.peft_config if a != CRITIC_ADAPTER or not self.separate_critic]
-        self.model.save_pretrained(directory / "adapters", selected_adapters=generating)
+        self.save_adapters(directory / "adapters")
         torch.save(self.trainable_state_dict(), directory / "trainable.pt")
+
+    def save_adapters(self, directory: Path) -> dict[str, Path]:
+        """The generating LoRA adapters (not the critic's) in peft format, one folder each. Returns what an
+        inference engine loads: `{role: folder}` with one adapter per role, `{"": folder}` if shared."""
+        generating = [a for a in self.model.peft_config if a != CRITIC_ADAPTER]
+        self.model.save_pretrained(directory, selected_adapters=generating)
+        if self.mode == "role_lora":
+            return {name: directory / name for name in generating}
+        return {"": directory / SHARED_ADAPTER}
 
     def load(self, directory: Path) -> None:
         """Restore what `save` wrote into this (identically configured) policy."""

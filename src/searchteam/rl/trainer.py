@@ -253,8 +253,11 @@ class Trainer:
             t0 = time.perf_counter()
             new = self.rollout(self.step) if attempt == 0 else self.rollout(self.step, attempt=attempt)
             t1 = time.perf_counter()
+            inner = getattr(self.rollout, "timings", {})  # parts the rollout timed itself: time/weight_sync
+            for key, seconds in inner.items():
+                stats[key] = stats.get(key, 0.0) + seconds
             self.reward(new)
-            stats["time/rollout"] += t1 - t0
+            stats["time/rollout"] += t1 - t0 - sum(inner.values())
             stats["time/reward"] += time.perf_counter() - t1
             if cfg.save_rollouts:
                 self._save_rollouts(new)
