@@ -15,7 +15,7 @@ from pathlib import Path
 
 from searchteam.config import RunConfig
 from searchteam.eval.runner import evaluate
-from searchteam.teams import TEAMS
+from searchteam.teams import METHODS
 
 GROUPS = ("single-hop", "multi-hop")
 
@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--backend", default="auto")
-    parser.add_argument("--methods", default=",".join(TEAMS))
+    parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--limit", type=int, default=None, help="questions per smoke dataset (of 10)")
     args = parser.parse_args()
     header = "method | n | single-hop EM / cover-EM / F1 | multi-hop EM / cover-EM / F1 | LLM calls/q"
