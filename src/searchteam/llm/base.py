@@ -8,6 +8,8 @@ from typing import Protocol
 
 from searchteam.types import Message
 
+SHARED = ""  # the adapter key (`set_adapters`) of a policy with one adapter for every role
+
 
 class LLMError(RuntimeError):
     """A backend that cannot serve: missing weights, unreachable server, bad model name."""

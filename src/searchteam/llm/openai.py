@@ -16,9 +16,8 @@ from pathlib import Path
 
 import httpx
 
-from searchteam.llm.base import Completion, GenerationRequest, LLMError, truncate_at_stop
+from searchteam.llm.base import SHARED, Completion, GenerationRequest, LLMError, truncate_at_stop
 
-SHARED = ""  # the adapter key of a policy with one adapter for every role
 LORA_HINT = (
     "start vLLM with `--enable-lora --max-lora-rank R` (R >= the adapter's r) and the environment variable "
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"

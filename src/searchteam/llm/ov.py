@@ -16,12 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from searchteam.llm.base import Completion, GenerationRequest, LLMError, cut_completion, render_chat
+from searchteam.llm.base import SHARED, Completion, GenerationRequest, LLMError, cut_completion, render_chat
 from searchteam.llm.models import PRESETS, resolve_model
 from searchteam.llm.ov_export import openvino_model_dir
 from searchteam.paths import cache_dir
-
-SHARED = ""  # the adapter key of a policy with one adapter for every role
 
 
 def ov_supports(model: str) -> bool:
