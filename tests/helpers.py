@@ -2,7 +2,30 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from searchteam.types import Passage
+
+
+@contextmanager
+def serve_on_loopback(app) -> Iterator[str]:
+    """Run an ASGI `app` with uvicorn on a free loopback port in a thread; gives its /v1 base url."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(5)
 
 
 class TinyRetriever:

@@ -1,8 +1,4 @@
-import threading
-import time
-
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -10,6 +6,7 @@ from searchteam.llm import GenerationRequest, LLMError, SamplingParams, build_ll
 from searchteam.llm import models as model_presets
 from searchteam.llm.base import truncate_at_stop
 from searchteam.llm.openai import OpenAIBackend
+from tests.helpers import serve_on_loopback
 
 
 def test_truncate_at_stop_keeps_earliest_stop():
@@ -77,15 +74,8 @@ def chat_server():
             "usage": {"prompt_tokens": 7, "completion_tokens": 3},
         }
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}/v1", seen
-    server.should_exit = True
-    thread.join(5)
+    with serve_on_loopback(app) as url:
+        yield url, seen
 
 
 def test_openai_backend_retries_and_keeps_stop_string(chat_server):

@@ -3,34 +3,14 @@
 from __future__ import annotations
 
 import json
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from searchteam.llm import GenerationRequest, LLMError
 from searchteam.llm.openai import OpenAIBackend
-
-
-@contextmanager
-def _serve(app: FastAPI) -> Iterator[str]:
-    """Run `app` on a free loopback port in a thread; gives its /v1 base url."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(5)
+from tests.helpers import serve_on_loopback
 
 
 def _chat_route(app: FastAPI, chats: list[dict]) -> None:
@@ -78,7 +58,7 @@ def lora_server():
         return "Success"
 
     _chat_route(app, chats)
-    with _serve(app) as url:
+    with serve_on_loopback(app) as url:
         yield url, calls, loaded, chats
 
 
@@ -88,7 +68,7 @@ def plain_server():
     app = FastAPI()
     chats: list[dict] = []
     _chat_route(app, chats)
-    with _serve(app) as url:
+    with serve_on_loopback(app) as url:
         yield url
 
 

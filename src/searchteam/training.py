@@ -22,7 +22,7 @@ from searchteam.data.benchmark import load_benchmark, load_questions
 from searchteam.eval.runner import effective_config
 from searchteam.factory import build_sampling, build_team
 from searchteam.llm import build_llm, resolve_backend
-from searchteam.llm.hf import HFBackend
+from searchteam.llm.hf import HFBackend, pick_device
 from searchteam.retrieval import build_retriever
 from searchteam.rewards.schemes import build_reward_scheme
 from searchteam.rl import Policy, TrainConfig, Trainer, load_policy
@@ -49,8 +49,7 @@ class TrainRunConfig(RunConfig):
 def default_recipe(method: str, device: str | None = None) -> Path | None:
     """The shipped training config of `method` for the device at hand (`train-METHOD-gpu` on CUDA when one
     ships, else `train-METHOD-cpu`), or None when the method has no recipe."""
-    cuda = device.startswith("cuda") if device and device != "auto" else torch.cuda.is_available()
-    kinds = ("gpu", "cpu") if cuda else ("cpu",)
+    kinds = ("gpu", "cpu") if pick_device(device).startswith("cuda") else ("cpu",)
     found = [SHIPPED_CONFIGS / f"train-{method}-{kind}.yaml" for kind in kinds]
     return next((p for p in found if p.exists()), None)
 

@@ -16,13 +16,9 @@ def resolve_backend(backend: str, model: str, device: str | None = None, logprob
         return backend
     import importlib.util
 
-    import torch
+    from searchteam.llm.hf import pick_device
 
-    if device and device != "auto" and not device.startswith("cuda"):
-        cuda = False
-    else:
-        cuda = (device or "").startswith("cuda") or torch.cuda.is_available()
-    if cuda:
+    if pick_device(device).startswith("cuda"):
         return "vllm" if importlib.util.find_spec("vllm") else "hf"
     from searchteam.llm.ov import ov_supports
 

@@ -66,6 +66,11 @@ def render_chat(tokenizer, request: GenerationRequest) -> str:
     return text + request.continuation
 
 
+def text_decoder(tokenizer) -> Callable[[list[int]], str]:
+    """Completion ids to text, as every local backend decodes them (special tokens left out)."""
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+
+
 def truncate_at_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
     """Cut `text` right after the earliest stop string (the stop string is kept, so tags stay closed)."""
     cut = min(((i + len(s)) for s in stop if (i := text.find(s)) >= 0), default=-1)

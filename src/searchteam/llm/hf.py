@@ -9,7 +9,14 @@ from pathlib import Path
 
 import torch
 
-from searchteam.llm.base import Completion, GenerationRequest, SamplingParams, cut_completion, render_chat
+from searchteam.llm.base import (
+    Completion,
+    GenerationRequest,
+    SamplingParams,
+    cut_completion,
+    render_chat,
+    text_decoder,
+)
 from searchteam.llm.logprobs import chosen_token_logprobs
 from searchteam.llm.models import resolve_model
 
@@ -116,7 +123,7 @@ class HFBackend:
         for row in range(len(requests)):
             prompt_ids = enc["input_ids"][row][enc["attention_mask"][row].bool()].tolist()
             new_ids, text, stopped = cut_completion(
-                sequences[row, prompt_len:].tolist(), eos_ids, sampling.stop, _decoder(tok)
+                sequences[row, prompt_len:].tolist(), eos_ids, sampling.stop, text_decoder(tok)
             )
             finish = "stop" if stopped else "length"
             completions.append(
@@ -167,10 +174,6 @@ class HFBackend:
             )
             for row, c in enumerate(chunk):
                 c.logprobs = logp[row, : len(c.token_ids)].tolist()
-
-
-def _decoder(tokenizer) -> Callable[[list[int]], str]:
-    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def _load(name: str, dtype: torch.dtype):

@@ -16,7 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
-from searchteam.llm.base import SHARED, Completion, GenerationRequest, LLMError, cut_completion, render_chat
+from searchteam.llm.base import (
+    SHARED,
+    Completion,
+    GenerationRequest,
+    LLMError,
+    cut_completion,
+    render_chat,
+    text_decoder,
+)
 from searchteam.llm.models import PRESETS, resolve_model
 from searchteam.llm.ov_export import openvino_model_dir
 from searchteam.paths import cache_dir
@@ -123,7 +131,7 @@ class OVBackend:
         completions = []
         for ids, request, out in zip(prompt_ids, requests, outputs, strict=True):
             new_ids, text, stopped = cut_completion(
-                list(out.m_generation_ids[0]), eos, request.sampling.stop, self._decode
+                list(out.m_generation_ids[0]), eos, request.sampling.stop, text_decoder(self.tokenizer)
             )
             completions.append(
                 Completion(
@@ -157,9 +165,6 @@ class OVBackend:
         if adapter_config is not None:
             config.adapters = adapter_config
         return config
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _eos_ids(self) -> set[int]:
         return {self.tokenizer.eos_token_id}

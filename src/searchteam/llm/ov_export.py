@@ -31,8 +31,12 @@ from searchteam.paths import cache_dir
 
 OV_PRECISIONS = ("int8", "fp16", "fp32")
 MODEL_XML = "openvino_model.xml"
-_TOKENIZER_FILES = ("openvino_tokenizer.xml", "openvino_tokenizer.bin")
-_TOKENIZER_FILES += ("openvino_detokenizer.xml", "openvino_detokenizer.bin")
+_TOKENIZER_FILES = (
+    "openvino_tokenizer.xml",
+    "openvino_tokenizer.bin",
+    "openvino_detokenizer.xml",
+    "openvino_detokenizer.bin",
+)
 _LAYER_WEIGHT = re.compile(r"^model\.layers\[(\d+)\]\.(.+)\.weight$")
 
 
