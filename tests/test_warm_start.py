@@ -225,3 +225,16 @@ def test_a_round_killed_before_it_was_saved_leaves_no_kept_episodes_behind(token
     ).run_warm_start()
     kept = [json.loads(line)["question"]["id"] for line in (tmp_path / "warm_start" / "kept.jsonl").open()]
     assert kept == ["r1-0", "r1-2"]
+
+
+def test_zero_rl_steps_run_the_warm_start_only(tmp_path):
+    """`steps: 0` is a warm-start-only run; without a warm_start section it would train nothing."""
+    from searchteam.config import ConfigError
+    from searchteam.training import load_train_run_config
+
+    with pytest.raises(ConfigError, match="warm_start"):
+        load_train_run_config(None, {"method": "jade", "steps": 0})
+    recipe = tmp_path / "ws.yaml"
+    recipe.write_text("method: jade\nwarm_start: {rounds: 2}\n")
+    cfg = load_train_run_config(recipe, {"steps": 0})
+    assert cfg.train.steps == 0 and cfg.warm_start is not None and cfg.warm_start.rounds == 2

@@ -302,7 +302,8 @@ def train(
     ] = None,
     split: Annotated[str | None, typer.Option(help="Question split (default train).")] = None,
     steps: Annotated[
-        int | None, typer.Option(min=1, help="Total training steps (with --resume: up to this total).")
+        int | None,
+        typer.Option(min=0, help="Total RL steps (with --resume: up to this total; 0: warm start only)."),
     ] = None,
     device: DeviceOpt = None,
     out: Annotated[Path | None, typer.Option(help="Run directory (log, checkpoints, plots).")] = None,

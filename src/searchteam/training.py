@@ -73,6 +73,8 @@ def load_train_run_config(path: Path | None, overrides: dict[str, Any]) -> Train
         cfg.recipe = str(path)
     if train_overrides:
         cfg.train = TrainConfig.model_validate({**cfg.train.model_dump(), **train_overrides})
+    if cfg.train.steps == 0 and cfg.warm_start is None:
+        raise ConfigError("steps: 0 trains nothing without a warm_start section")
     return cfg
 
 
@@ -198,12 +200,14 @@ def make_rollout(
     questions: list[Question],
     workdir: Path,
     teacher: str | None = None,
+    progress: bool = False,
 ) -> Callable[..., list[Episode]]:
     """Rollouts with the current weights (`rollout(step)`, or `rollout(step, attempt)` for a DAPO
     re-sampling round on fresh questions). With the hf engine the backend shares the policy model (per-role
     adapters are switched by role before each batch); another engine first loads the adapters saved under
     `workdir` (timed as `time/weight_sync`). Each question runs `group_size` times with training=True.
-    With `teacher`, that model generates instead of the policy (a warm start from another model's traces)."""
+    With `teacher`, that model generates instead of the policy (a warm start from another model's traces);
+    `progress` shows a progress bar over the rollouts (the warm start's long collection rounds)."""
     engine = "teacher" if teacher else rollout_engine(cfg)
     if teacher:
         backend = build_llm(teacher, backend=cfg.backend, device=cfg.device, ov_precision=cfg.ov_precision)
@@ -258,7 +262,7 @@ def make_rollout(
                 sampling,
                 model_name=cfg.model,
                 concurrency=cfg.concurrency,
-                progress=False,
+                progress=progress,
                 training=True,
             )
         )
@@ -340,7 +344,9 @@ def warm_start_stage(
     def collect(round_index: int) -> list[Episode]:
         if not rollout:
             workdir = out / "rollout_adapters" / "warm_start"
-            rollout.append(make_rollout(warm_cfg, team, policy, questions, workdir, teacher=ws.teacher))
+            rollout.append(
+                make_rollout(warm_cfg, team, policy, questions, workdir, ws.teacher, progress=True)
+            )
         episodes = rollout[0](round_index - 1)
         if round_index == ws.rounds:
             rollout.clear()  # frees the stage's engine (or teacher) before RL builds its own

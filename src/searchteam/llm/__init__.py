@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from searchteam.llm.base import LLM, Completion, GenerationRequest, LLMError, SamplingParams
-from searchteam.llm.models import DEFAULT_MODEL, PRESETS
+from searchteam.llm.models import DEFAULT_MODEL, PRESETS, TRAINED, checkpoint_of
 
 BACKENDS = ("auto", "hf", "ov", "openai", "vllm")
 
@@ -14,6 +14,7 @@ def resolve_backend(backend: str, model: str, device: str | None = None, logprob
     transformers. Any other name is kept."""
     if backend != "auto":
         return backend
+    model = checkpoint_of(model)
     import importlib.util
 
     from searchteam.llm.hf import pick_device
@@ -38,6 +39,7 @@ def build_llm(
 ) -> LLM:
     """Construct a backend by name (`auto`: see `resolve_backend`). `openai` needs `base_url` (e.g.
     http://localhost:8000/v1); `ov_precision` is the weight precision of the `ov` backend."""
+    model = checkpoint_of(model)  # a shipped trained adapter loads as the checkpoint it is
     backend = resolve_backend(backend, model, device, logprobs)
     if backend == "ov":
         if logprobs:
@@ -67,6 +69,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "LLM",
     "PRESETS",
+    "TRAINED",
     "Completion",
     "GenerationRequest",
     "LLMError",

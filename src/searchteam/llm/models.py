@@ -52,6 +52,34 @@ PRESETS: dict[str, GGUFPreset] = {
 }
 
 
+TRAINED_DIR = Path(__file__).resolve().parent.parent / "adapters"
+
+
+@dataclass(frozen=True)
+class TrainedAdapter:
+    """LoRA adapters trained by searchteam on a preset, shipped inside the package as a checkpoint folder
+    (`policy/adapters/ROLE`) that every backend loads like a `searchteam train` checkpoint. The model card
+    (command, data, wall time, dev results) is in docs/models.md."""
+
+    name: str
+    method: str
+    base: str
+    description: str
+
+    @property
+    def path(self) -> Path:
+        return TRAINED_DIR / self.name
+
+
+TRAINED: dict[str, TrainedAdapter] = {}
+
+
+def checkpoint_of(name: str) -> str:
+    """The shipped checkpoint folder of a trained adapter's name; any other name unchanged."""
+    trained = TRAINED.get(name)
+    return str(trained.path) if trained else name
+
+
 def resolve_model(name: str) -> str:
     """A path or hub id that `from_pretrained` can load: presets are converted (once) and cached."""
     preset = PRESETS.get(name)

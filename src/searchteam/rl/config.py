@@ -136,7 +136,7 @@ class TrainConfig(BaseModel):
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
     merge_continuations: bool = Field(False, description="one trajectory sample per continued message")
     # run
-    steps: int = Field(100, ge=1, description="training steps (one rollout batch each)")
+    steps: int = Field(100, ge=0, description="RL steps (one rollout batch each); 0: the warm start only")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
     keep_checkpoints: int = Field(0, ge=0, description="keep the newest N checkpoints (0: all)")
     seed: int = 0

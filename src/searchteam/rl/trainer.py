@@ -25,6 +25,14 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, gather_object
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from searchteam import tracking
 from searchteam.rl import warm_start as ws
@@ -519,15 +527,20 @@ class Trainer:
         stats: dict[str, list[float]] = defaultdict(list)
         skipped = updates = 0
         self.policy.train()
-        for epoch in range(cfg.epochs if samples else 0):
-            seed = self.config.seed * 1_000_003 + round_index * 1009 + epoch + 500_009  # apart from RL's
-            chunks = self._micro_batches(samples, torch.Generator().manual_seed(seed), cfg.micro_batch_size)
-            for first in range(0, len(chunks), cfg.grad_accum):
-                ok, step_stats = self._optimizer_step(chunks[first : first + cfg.grad_accum], optimizer, 1.0)
-                updates += 1
-                skipped += not ok
-                for k, v in step_stats.items():
-                    stats[k].append(v)
+        with _fine_tune_progress(self.accelerator.is_main_process) as bar:
+            task = bar.add_task(f"warm-start round {round_index}", total=None)
+            for epoch in range(cfg.epochs if samples else 0):
+                seed = self.config.seed * 1_000_003 + round_index * 1009 + epoch + 500_009  # apart from RL's
+                order = torch.Generator().manual_seed(seed)
+                chunks = self._micro_batches(samples, order, cfg.micro_batch_size)
+                bar.update(task, total=cfg.epochs * -(-len(chunks) // cfg.grad_accum))  # same every epoch
+                for first in range(0, len(chunks), cfg.grad_accum):
+                    batch = chunks[first : first + cfg.grad_accum]
+                    ok, step_stats = self._optimizer_step(batch, optimizer, 1.0)
+                    updates, skipped = updates + 1, skipped + (not ok)
+                    for k, v in step_stats.items():
+                        stats[k].append(v)
+                    bar.advance(task)
         self.policy.eval()
         out = {k: float(np.mean(v)) for k, v in stats.items()}
         return out | {"samples": float(len(samples)), "updates": float(updates), "skipped_updates": skipped}
@@ -768,3 +781,15 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 def _jsonable(record: dict[str, Any]) -> dict[str, Any]:
     """NaN/inf become null so the log stays valid JSON."""
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+
+
+def _fine_tune_progress(enabled: bool) -> Progress:
+    """A progress bar over the warm start's optimizer steps (they take minutes each on a CPU)."""
+    return Progress(
+        TextColumn("{task.description}: fine-tune"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        disable=not enabled,
+    )
