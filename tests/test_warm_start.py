@@ -238,3 +238,27 @@ def test_zero_rl_steps_run_the_warm_start_only(tmp_path):
     recipe.write_text("method: jade\nwarm_start: {rounds: 2}\n")
     cfg = load_train_run_config(recipe, {"steps": 0})
     assert cfg.train.steps == 0 and cfg.warm_start is not None and cfg.warm_start.rounds == 2
+
+
+def test_a_round_killed_while_fine_tuning_resumes_from_its_saved_samples(tokenizer, tmp_path: Path) -> None:  # noqa: F811
+    torch.set_num_threads(1)
+    policy = build_policy(tiny_model(tokenizer), tokenizer, rl_config())
+    stage = scripted_stage(tokenizer, 1, [])
+    killed = Trainer(policy, None, no_reward, rl_config(), tmp_path, warm_start=stage)
+
+    def kill(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    killed._fine_tune = kill
+    with pytest.raises(KeyboardInterrupt):
+        killed.run_warm_start()
+    assert finished_rounds(tmp_path) == 0
+
+    calls: list[int] = []
+    resumed = Trainer(
+        policy, None, no_reward, rl_config(), tmp_path, warm_start=scripted_stage(tokenizer, 1, calls)
+    )
+    (record,) = resumed.run_warm_start()
+    assert calls == []  # the round's samples were read back, not drawn again
+    assert (record["episodes"], record["kept"], record["samples"]) == (4, 2, 4)
+    assert finished_rounds(tmp_path) == 1

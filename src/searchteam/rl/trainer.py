@@ -507,8 +507,7 @@ class Trainer:
         records = []
         for round_index in range(done + 1, cfg.rounds + 1):
             start = time.perf_counter()
-            episodes = gather_object(self.warm_start.collect(round_index))
-            scores = [self.warm_start.score(e) for e in episodes]
+            episodes, scores = self._warm_start_collection(round_index)
             kept = [ws.keep(e, score, cfg, roles) for e, score in zip(episodes, scores, strict=True)]
             new = [e for e, k in zip(episodes, kept, strict=True) if k]
             collected = time.perf_counter()
@@ -519,6 +518,19 @@ class Trainer:
             self._finish_round(round_index, new, record)
             records.append(record)
         return records
+
+    def _warm_start_collection(self, round_index: int) -> tuple[list[Episode], list[float]]:
+        """The round's episodes from every process and their scores: sampled and saved, or read back when
+        an earlier run of this round finished sampling (`warm_start.save_collected`)."""
+        saved = ws.read_collected(self.run_dir, round_index)
+        if saved is not None:
+            return saved
+        episodes = gather_object(self.warm_start.collect(round_index))
+        scores = [self.warm_start.score(e) for e in episodes]
+        if self.accelerator.is_main_process:
+            ws.save_collected(self.run_dir, round_index, episodes, scores)
+        self.accelerator.wait_for_everyone()
+        return episodes, scores
 
     def _fine_tune(self, episodes: list[Episode], optimizer, round_index: int) -> dict[str, float]:
         """`epochs` shuffled passes of likelihood training over every policy turn of `episodes`."""

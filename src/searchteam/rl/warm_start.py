@@ -5,6 +5,7 @@ the files that let a killed warm start resume (`RUN/warm_start/`). The stage's l
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -19,6 +20,7 @@ from searchteam.types import Episode, Turn
 
 KEPT = "kept.jsonl"  # every kept episode, one per line, with the round that kept it
 LOG = "log.jsonl"  # one record per finished round
+COLLECTED = "collected-{:02d}.jsonl"  # a round's sampled episodes and scores, saved before its fine-tuning
 ROUND_DIR = re.compile(r"round-(\d+)")
 
 
@@ -116,6 +118,28 @@ def append_kept(run_dir: Path, round_index: int, episodes: list[Episode]) -> Non
     with (warm_dir(run_dir) / KEPT).open("a", encoding="utf-8") as fh:
         for episode in episodes:
             fh.write(json.dumps({"round": round_index, **text_only(episode).model_dump(mode="json")}) + "\n")
+
+
+def save_collected(run_dir: Path, round_index: int, episodes: list[Episode], scores: list[float]) -> None:
+    """Every episode a round sampled, with its score, written atomically once sampling ends: a run killed
+    during the (long) fine-tuning resumes the round from these instead of sampling it again."""
+    path = warm_dir(run_dir) / COLLECTED.format(round_index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for episode, score in zip(episodes, scores, strict=True):
+            fh.write(json.dumps({"score": score, **text_only(episode).model_dump(mode="json")}) + "\n")
+    os.replace(tmp, path)
+
+
+def read_collected(run_dir: Path, round_index: int) -> tuple[list[Episode], list[float]] | None:
+    """What `save_collected` wrote for the round, or None when its sampling never finished."""
+    path = warm_dir(run_dir) / COLLECTED.format(round_index)
+    if not path.exists():
+        return None
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    episodes = [Episode.model_validate({k: v for k, v in r.items() if k != "score"}) for r in records]
+    return episodes, [float(r["score"]) for r in records]
 
 
 def read_kept(run_dir: Path) -> list[Episode]:
