@@ -71,7 +71,14 @@ class TrainedAdapter:
         return TRAINED_DIR / self.name
 
 
-TRAINED: dict[str, TrainedAdapter] = {}
+TRAINED: dict[str, TrainedAdapter] = {
+    "qwen2.5-coder-0.5b-jade": TrainedAdapter(
+        name="qwen2.5-coder-0.5b-jade",
+        method="jade",
+        base="qwen2.5-coder-0.5b",
+        description="JADE's shared planner/executor policy after one warm-start round (train-jade-qwen-cpu)",
+    ),
+}
 
 
 def checkpoint_of(name: str) -> str:
