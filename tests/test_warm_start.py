@@ -262,3 +262,11 @@ def test_a_round_killed_while_fine_tuning_resumes_from_its_saved_samples(tokeniz
     assert calls == []  # the round's samples were read back, not drawn again
     assert (record["episodes"], record["kept"], record["samples"]) == (4, 2, 4)
     assert finished_rounds(tmp_path) == 1
+
+
+def test_a_warm_start_only_run_plots_its_rounds(tmp_path: Path) -> None:
+    record = {"round": 1, "kept_share": 0.05, "f1/sampled": 0.1, "format_error_rate/ds": 0.4, "sft_loss": 0.2}
+    (tmp_path / "warm_start").mkdir()
+    (tmp_path / "warm_start" / "log.jsonl").write_text(json.dumps(record) + "\n")
+    curves = plot_run(tmp_path)  # no train_log.jsonl: `steps: 0`
+    assert curves == tmp_path / "plots" / "warm_start_curves.png" and curves.read_bytes()[:4] == b"\x89PNG"

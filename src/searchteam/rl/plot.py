@@ -61,12 +61,14 @@ def _matching(records: list[dict], prefixes: tuple[str, ...]) -> list[str]:
 def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     """Write `plots/training_curves.png` (or `out`): one panel per metric family present in the log, with
     one line per role or component; with a warm start, also `plots/warm_start_curves.png` (per round).
-    Returns the RL curves' path."""
+    Returns the RL curves' path, or the warm start's when no RL step has run (`steps: 0`)."""
     run_dir = Path(run_dir)
     plots = run_dir / "plots"
     if (run_dir / WARM_START / "log.jsonl").exists():
         warm = read_log(run_dir / WARM_START, "log.jsonl")
-        _plot(warm, WARM_PANELS, "round", plots / "warm_start_curves.png", run_dir)
+        warm_curves = _plot(warm, WARM_PANELS, "round", plots / "warm_start_curves.png", run_dir)
+        if not (run_dir / LOG_NAME).exists():
+            return warm_curves
     return _plot(
         read_log(run_dir), PANELS, "step", Path(out) if out else plots / "training_curves.png", run_dir
     )
