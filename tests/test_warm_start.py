@@ -99,6 +99,8 @@ def test_likelihood_samples_tokenize_the_text_with_the_students_tokenizer(tokeni
     assert answer.prompt_ids == tokenizer(rendered, add_special_tokens=False)["input_ids"]
     assert answer.loss_mask == [1] * len(answer.completion_ids) and answer.old_logprobs is None
     assert [s.role for s in likelihood_samples([episode], tokenizer, roles=["plan"])] == ["plan"]
+    malformed_plan = make_episode("Paris", parsed=(False, True))  # kept with require_parsed: false
+    assert [s.role for s in likelihood_samples([malformed_plan], tokenizer)] == ["answer"]
 
 
 def test_kept_file_keeps_only_finished_rounds(tmp_path: Path) -> None:

@@ -89,9 +89,11 @@ def text_only(episode: Episode) -> Episode:
 def likelihood_samples(
     episodes: list[Episode], tokenizer, roles: Iterable[str] | None = None
 ) -> list[Sample]:
-    """Every policy turn of `episodes` as a likelihood (SFT) sample: the loss trains all its completion
-    tokens with weight 1, whatever the turn's reward."""
-    samples = samples_from_episodes([text_only(e) for e in episodes], tokenizer, roles=roles)
+    """Every policy turn of `episodes` that parsed as a likelihood (SFT) sample: the loss trains all its
+    completion tokens with weight 1, whatever the turn's reward. A turn that did not parse is never a
+    target (with `require_parsed: false` a correct episode is kept, but only its well-formed turns teach)."""
+    parsed = [e.model_copy(update={"turns": [t for t in e.turns if t.parsed_ok]}) for e in episodes]
+    samples = samples_from_episodes([text_only(e) for e in parsed], tokenizer, roles=roles)
     return [replace(s, sft=True, reward=0.0, old_logprobs=None) for s in samples]
 
 
