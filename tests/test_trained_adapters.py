@@ -39,3 +39,14 @@ def test_a_shipped_adapter_generates_by_name(name: str) -> None:
     request = GenerationRequest([{"role": "user", "content": "Name a city in France."}], SamplingParams(8))
     (completion,) = llm.generate([request])
     assert completion.text.strip()
+
+
+def test_models_lists_presets_and_trained_adapters() -> None:
+    from typer.testing import CliRunner
+
+    from searchteam.cli import app
+
+    result = CliRunner().invoke(app, ["models"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for name in [*PRESETS, *TRAINED]:
+        assert name in result.output

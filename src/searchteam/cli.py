@@ -553,5 +553,20 @@ def methods() -> None:
     console.print(table)
 
 
+@app.command()
+def models() -> None:
+    """List the model presets and the trained adapters shipped with searchteam (names for --model)."""
+    from searchteam.llm.models import PRESETS, TRAINED
+
+    table = Table()
+    for column in ("model", "kind", "description"):
+        table.add_column(column)
+    for name, preset in PRESETS.items():
+        table.add_row(name, "preset", preset.description)
+    for name, trained in TRAINED.items():
+        table.add_row(name, f"{trained.method} adapter on {trained.base}", trained.description)
+    console.print(table)
+
+
 if __name__ == "__main__":
     app()
