@@ -260,6 +260,7 @@ def test_a_round_killed_while_fine_tuning_resumes_from_its_saved_samples(tokeniz
     resumed = Trainer(
         policy, None, no_reward, rl_config(), tmp_path, warm_start=scripted_stage(tokenizer, 1, calls)
     )
+    assert resumed.resume() == 0  # --resume: no checkpoint and no finished round, but saved samples
     (record,) = resumed.run_warm_start()
     assert calls == []  # the round's samples were read back, not drawn again
     assert (record["episodes"], record["kept"], record["samples"]) == (4, 2, 4)

@@ -677,10 +677,10 @@ class Trainer:
         """Restore a checkpoint (default: the newest in this run) and return its step. The log of this run
         directory is cut back to that step, so a resumed run's log reads as one uninterrupted run. A run
         killed during its warm start has no checkpoint yet: it resumes at step 0, and `train` continues
-        the warm start after its last finished round."""
+        the warm start after its last finished round (from the round's saved samples when it had them)."""
         if checkpoint is None:
             found = list_checkpoints(self.run_dir)
-            if not found and self.warm_start is not None and ws.finished_rounds(self.run_dir):
+            if not found and self.warm_start is not None and ws.has_progress(self.run_dir):
                 return 0
             if not found:
                 raise FileNotFoundError(f"no checkpoint to resume from under {self.checkpoint_root}")

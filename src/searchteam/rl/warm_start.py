@@ -115,6 +115,11 @@ def finished_rounds(run_dir: Path) -> int:
     return max(found, default=0)
 
 
+def has_progress(run_dir: Path) -> bool:
+    """Whether a warm start in `run_dir` finished a round or saved a round's samples: something to resume."""
+    return finished_rounds(run_dir) > 0 or any(warm_dir(run_dir).glob(COLLECTED.replace("{:02d}", "*")))
+
+
 def append_kept(run_dir: Path, round_index: int, episodes: list[Episode]) -> None:
     warm_dir(run_dir).mkdir(parents=True, exist_ok=True)
     with (warm_dir(run_dir) / KEPT).open("a", encoding="utf-8") as fh:
