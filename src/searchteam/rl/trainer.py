@@ -533,7 +533,7 @@ class Trainer:
         return episodes, scores
 
     def _fine_tune(self, episodes: list[Episode], optimizer, round_index: int) -> dict[str, float]:
-        """`epochs` shuffled passes of likelihood training over every policy turn of `episodes`."""
+        """`epochs` shuffled passes of likelihood training over every parsed policy turn of `episodes`."""
         cfg = self.warm_start.config
         samples = ws.likelihood_samples(episodes, self.policy.tokenizer, self.config.roles or None)
         stats: dict[str, list[float]] = defaultdict(list)

@@ -20,7 +20,7 @@ from searchteam.types import Episode, Turn
 
 KEPT = "kept.jsonl"  # every kept episode, one per line, with the round that kept it
 LOG = "log.jsonl"  # one record per finished round
-COLLECTED = "collected-{:02d}.jsonl"  # a round's sampled episodes and scores, saved before its fine-tuning
+COLLECTED = "collected-*.jsonl"  # per round, its sampled episodes and scores, saved before its fine-tuning
 ROUND_DIR = re.compile(r"round-(\d+)")
 
 
@@ -117,7 +117,11 @@ def finished_rounds(run_dir: Path) -> int:
 
 def has_progress(run_dir: Path) -> bool:
     """Whether a warm start in `run_dir` finished a round or saved a round's samples: something to resume."""
-    return finished_rounds(run_dir) > 0 or any(warm_dir(run_dir).glob(COLLECTED.replace("{:02d}", "*")))
+    return finished_rounds(run_dir) > 0 or any(warm_dir(run_dir).glob(COLLECTED))
+
+
+def collected_path(run_dir: Path, round_index: int) -> Path:
+    return warm_dir(run_dir) / COLLECTED.replace("*", f"{round_index:02d}")
 
 
 def append_kept(run_dir: Path, round_index: int, episodes: list[Episode]) -> None:
@@ -130,7 +134,7 @@ def append_kept(run_dir: Path, round_index: int, episodes: list[Episode]) -> Non
 def save_collected(run_dir: Path, round_index: int, episodes: list[Episode], scores: list[float]) -> None:
     """Every episode a round sampled, with its score, written atomically once sampling ends: a run killed
     during the (long) fine-tuning resumes the round from these instead of sampling it again."""
-    path = warm_dir(run_dir) / COLLECTED.format(round_index)
+    path = collected_path(run_dir, round_index)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
     with tmp.open("w", encoding="utf-8") as fh:
@@ -141,7 +145,7 @@ def save_collected(run_dir: Path, round_index: int, episodes: list[Episode], sco
 
 def read_collected(run_dir: Path, round_index: int) -> tuple[list[Episode], list[float]] | None:
     """What `save_collected` wrote for the round, or None when its sampling never finished."""
-    path = warm_dir(run_dir) / COLLECTED.format(round_index)
+    path = collected_path(run_dir, round_index)
     if not path.exists():
         return None
     records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
