@@ -76,7 +76,7 @@ TRAINED: dict[str, TrainedAdapter] = {
         name="qwen2.5-coder-0.5b-jade",
         method="jade",
         base="qwen2.5-coder-0.5b",
-        description="JADE's shared planner/executor policy after one warm-start round (train-jade-qwen-cpu)",
+        description="JADE's shared planner/executor policy: warm start + 6 GRPO steps (train-jade-qwen-cpu)",
     ),
 }
 
