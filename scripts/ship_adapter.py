@@ -14,14 +14,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-PACKAGE_ADAPTERS = Path(__file__).resolve().parent.parent / "src" / "searchteam" / "adapters"
+from searchteam.llm.models import TRAINED_DIR
 
 
 def ship(checkpoint: Path, name: str) -> Path:
     configs = sorted((checkpoint / "policy" / "adapters").glob("*/adapter_config.json"))
     if not configs:
         raise SystemExit(f"{checkpoint} holds no LoRA adapters (policy/adapters/ROLE/adapter_config.json)")
-    target = PACKAGE_ADAPTERS / name
+    target = TRAINED_DIR / name  # the source tree under the editable install
     shutil.rmtree(target, ignore_errors=True)
     for config in configs:
         role = target / "policy" / "adapters" / config.parent.name

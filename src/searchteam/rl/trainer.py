@@ -25,16 +25,9 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, gather_object
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from searchteam import tracking
+from searchteam.progress import progress_bar
 from searchteam.rl import warm_start as ws
 from searchteam.rl.advantages import gae, group_normalize, informative_groups, whiten
 from searchteam.rl.config import CHECKPOINTS, LOG_NAME, ROLLOUTS_NAME, WARM_START, RoleEstimator, TrainConfig
@@ -539,7 +532,7 @@ class Trainer:
         stats: dict[str, list[float]] = defaultdict(list)
         skipped = updates = 0
         self.policy.train()
-        with _fine_tune_progress(self.accelerator.is_main_process) as bar:
+        with progress_bar(self.accelerator.is_main_process, "{task.description}: fine-tune") as bar:
             task = bar.add_task(f"warm-start round {round_index}", total=None)
             for epoch in range(cfg.epochs if samples else 0):
                 seed = self.config.seed * 1_000_003 + round_index * 1009 + epoch + 500_009  # apart from RL's
@@ -793,15 +786,3 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 def _jsonable(record: dict[str, Any]) -> dict[str, Any]:
     """NaN/inf become null so the log stays valid JSON."""
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-
-
-def _fine_tune_progress(enabled: bool) -> Progress:
-    """A progress bar over the warm start's optimizer steps (they take minutes each on a CPU)."""
-    return Progress(
-        TextColumn("{task.description}: fine-tune"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        disable=not enabled,
-    )

@@ -124,11 +124,22 @@ def collected_path(run_dir: Path, round_index: int) -> Path:
     return warm_dir(run_dir) / COLLECTED.replace("*", f"{round_index:02d}")
 
 
+def _episode_line(key: str, value: float, episode: Episode) -> str:
+    """One JSONL line: the episode (text only) with one extra field, `key`."""
+    return json.dumps({key: value, **text_only(episode).model_dump(mode="json")}) + "\n"
+
+
+def _read_episode_lines(path: Path, key: str) -> list[tuple[float, Episode]]:
+    """What `_episode_line` wrote: the extra field's value and the episode, per line."""
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [(r.pop(key), Episode.model_validate(r)) for r in records]
+
+
 def append_kept(run_dir: Path, round_index: int, episodes: list[Episode]) -> None:
     warm_dir(run_dir).mkdir(parents=True, exist_ok=True)
     with (warm_dir(run_dir) / KEPT).open("a", encoding="utf-8") as fh:
         for episode in episodes:
-            fh.write(json.dumps({"round": round_index, **text_only(episode).model_dump(mode="json")}) + "\n")
+            fh.write(_episode_line("round", round_index, episode))
 
 
 def save_collected(run_dir: Path, round_index: int, episodes: list[Episode], scores: list[float]) -> None:
@@ -139,7 +150,7 @@ def save_collected(run_dir: Path, round_index: int, episodes: list[Episode], sco
     tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
     with tmp.open("w", encoding="utf-8") as fh:
         for episode, score in zip(episodes, scores, strict=True):
-            fh.write(json.dumps({"score": score, **text_only(episode).model_dump(mode="json")}) + "\n")
+            fh.write(_episode_line("score", score, episode))
     os.replace(tmp, path)
 
 
@@ -148,9 +159,8 @@ def read_collected(run_dir: Path, round_index: int) -> tuple[list[Episode], list
     path = collected_path(run_dir, round_index)
     if not path.exists():
         return None
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    episodes = [Episode.model_validate({k: v for k, v in r.items() if k != "score"}) for r in records]
-    return episodes, [float(r["score"]) for r in records]
+    lines = _read_episode_lines(path, "score")
+    return [episode for _, episode in lines], [float(score) for score, _ in lines]
 
 
 def read_kept(run_dir: Path) -> list[Episode]:
@@ -159,5 +169,4 @@ def read_kept(run_dir: Path) -> list[Episode]:
     path = warm_dir(run_dir) / KEPT
     if not path.exists():
         return []
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [Episode.model_validate({k: v for k, v in r.items() if k != "round"}) for r in records]
+    return [episode for _, episode in _read_episode_lines(path, "round")]

@@ -7,16 +7,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-
 from searchteam.llm.base import LLM, Completion, GenerationRequest, LLMError
+from searchteam.progress import progress_bar
 from searchteam.retrieval.base import RetrievalError, Retriever
 from searchteam.runtime.batcher import Batcher
 from searchteam.runtime.context import Backends, Context, Sampling, SearchRequest
@@ -87,7 +79,7 @@ async def run_episodes(
     stats = RunStats()
     started = time.perf_counter()
 
-    with _progress(progress, method, len(questions)) as bar:
+    with progress_bar(progress and len(questions) > 1) as bar:
         task = bar.add_task(method, total=len(questions))
 
         async def one(q: Question) -> None:
@@ -133,15 +125,3 @@ async def run_episode(
         episode.error = f"{type(exc).__name__}: {exc}"
     episode.seconds = time.perf_counter() - started
     return episode
-
-
-def _progress(enabled: bool, method: str, total: int) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        disable=not enabled or total <= 1,
-        transient=False,
-    )
