@@ -78,3 +78,23 @@ def test_separate_critic_adapter_is_not_saved_as_a_generating_adapter(tokenizer,
     restored.load(tmp_path)
     state, again = policy.trainable_state_dict(), restored.trainable_state_dict()
     assert all(torch.equal(state[n], again[n]) for n in state)
+
+
+@pytest.mark.parametrize(("saved", "loaded"), [("gae", "grpo"), ("grpo", "gae")])
+def test_policy_only_load_crosses_critic_layouts(tokenizer, tmp_path, saved: str, loaded: str):
+    """A warm-start round saved by a run with (or without) a critic restores the policy weights of a run
+    without (or with) one; a strict load refuses the mismatch; the loading run's critic keeps its init."""
+    source = build_policy(tiny_model(tokenizer), tokenizer, config(estimator=saved))
+    for p in source.parameters():
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.02)
+    source.save(tmp_path)
+    target = build_policy(tiny_model(tokenizer, seed=1), tokenizer, config(estimator=loaded))
+    with pytest.raises(ValueError, match="does not match"):
+        target.load(tmp_path)
+    critic_before = {n: t for n, t in target.trainable_state_dict().items() if is_critic(n)}
+    target.load(tmp_path, policy_only=True)
+    state, again = source.trainable_state_dict(), target.trainable_state_dict()
+    policy_names = [n for n in again if not is_critic(n)]
+    assert policy_names and all(torch.equal(state[n], again[n]) for n in policy_names)
+    assert all(torch.equal(critic_before[n], again[n]) for n in critic_before)

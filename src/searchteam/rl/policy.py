@@ -184,9 +184,15 @@ class Policy(nn.Module):
         params = dict(self.named_parameters())
         return {n: params[n].detach().cpu().clone() for n in self._trainable}
 
-    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        missing = set(self._trainable) - set(state)
-        unexpected = set(state) - set(self._trainable)
+    def load_trainable_state_dict(self, state: dict[str, torch.Tensor], policy_only: bool = False) -> None:
+        """Copy `state` into the trained tensors; every one must match. `policy_only` loads the generating
+        weights alone: critic tensors in `state` are dropped and this policy's critic keeps its own (a
+        warm start, saved with or without a critic, then serves an RL stage with or without one)."""
+        if policy_only:
+            state = {n: t for n, t in state.items() if not _is_critic(n)}
+        expected = [n for n in self._trainable if not (policy_only and _is_critic(n))]
+        missing = set(expected) - set(state)
+        unexpected = set(state) - set(expected)
         if missing or unexpected:
             raise ValueError(
                 f"checkpoint does not match this policy (mode={self.mode}, roles={self.roles}): "
@@ -224,10 +230,12 @@ class Policy(nn.Module):
             return {name: directory / name for name in generating}
         return {"": directory / SHARED_ADAPTER}
 
-    def load(self, directory: Path) -> None:
-        """Restore what `save` wrote into this (identically configured) policy."""
+    def load(self, directory: Path, policy_only: bool = False) -> None:
+        """Restore what `save` wrote into this (identically configured) policy; `policy_only`: see
+        `load_trainable_state_dict`."""
         if self.mode != "full":
-            self.load_trainable_state_dict(torch.load(directory / "trainable.pt", weights_only=True))
+            state = torch.load(directory / "trainable.pt", weights_only=True)
+            self.load_trainable_state_dict(state, policy_only)
             return
         from safetensors.torch import load_file
 
@@ -235,13 +243,13 @@ class Policy(nn.Module):
         if not files:
             raise FileNotFoundError(f"no model weights (*.safetensors) in {directory / 'model'}")
         state = {f"model.{k}": v for f in files for k, v in load_file(f).items()}
-        if self.value_head is not None:
+        if self.value_head is not None and not policy_only:
             head = torch.load(directory / "value_head.pt", weights_only=True)
             state.update({f"value_head.{k}": v for k, v in head.items()})
-        if self.critic_model is not None:
+        if self.critic_model is not None and not policy_only:
             for f in sorted((directory / "critic").glob("*.safetensors")):
                 state.update({f"critic_model.{k}": v for k, v in load_file(f).items()})
-        self.load_trainable_state_dict({k: v for k, v in state.items() if k in self._params})
+        self.load_trainable_state_dict({k: v for k, v in state.items() if k in self._params}, policy_only)
 
 
 def _name_preset_base(adapter_config: Path) -> None:

@@ -489,7 +489,8 @@ class Trainer:
         cfg, roles = self.warm_start.config, self.config.roles or None
         done = ws.finished_rounds(self.run_dir)
         if done:
-            self.accelerator.unwrap_model(self.model).load(ws.round_dir(self.run_dir, done) / "policy")
+            policy = self.accelerator.unwrap_model(self.model)  # the critic is not the warm start's to set
+            policy.load(ws.round_dir(self.run_dir, done) / "policy", policy_only=True)
         if self.accelerator.is_main_process:  # what an unfinished round wrote goes, torn lines too
             for name in (ws.KEPT, ws.LOG):
                 truncate_jsonl(ws.warm_dir(self.run_dir) / name, "round", done)
