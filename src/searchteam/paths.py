@@ -19,7 +19,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -230,6 +230,16 @@ def _read_manifest(folder: Path) -> dict[str, dict[str, Any]] | None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return files if valid else None
+
+
+def write_lines_atomic(path: Path, lines: Iterable[str]) -> None:
+    """Write a text file in one step: the lines go to a temporary file beside it, then `os.replace` puts
+    it in place, so a reader sees the old file or the whole new one, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    with tmp.open("w", encoding="utf-8") as fh:
+        fh.writelines(lines)
+    os.replace(tmp, path)
 
 
 def _write_manifest_file(folder: Path, files: dict[str, dict[str, Any]]) -> None:

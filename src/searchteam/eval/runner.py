@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from searchteam.eval.judge_metric import judge_rows
 from searchteam.eval.summary import result_row, summarize
 from searchteam.factory import Components, build_components, build_sampling, build_team
 from searchteam.llm import LLM, build_llm
+from searchteam.paths import write_lines_atomic
 from searchteam.runtime import make_backends, run_episodes
 from searchteam.teams import Team
 from searchteam.tracking import TrackingSetup, check_installed, report_once, trackers_for
@@ -59,9 +59,7 @@ def read_results(path: Path) -> list[dict[str, Any]]:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_lines_atomic(path, [json.dumps(data, indent=2, ensure_ascii=False) + "\n"])
 
 
 def effective_config(config: RunConfig, team: Team) -> dict[str, Any]:
@@ -135,12 +133,8 @@ def build_judge(config: RunConfig) -> LLM:
 
 
 def write_jsonl_atomic(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Rewrite a JSONL file in one step (a temporary file beside it, then `os.replace`)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-    os.replace(tmp, path)
+    """Rewrite a JSONL file in one step (`write_lines_atomic`)."""
+    write_lines_atomic(path, (json.dumps(row, ensure_ascii=False, default=str) + "\n" for row in rows))
 
 
 def _run_and_append(

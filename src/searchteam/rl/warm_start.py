@@ -5,7 +5,6 @@ the files that let a killed warm start resume (`RUN/warm_start/`). The stage's l
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from searchteam.paths import write_lines_atomic
 from searchteam.rl.config import WARM_START, WarmStartConfig
 from searchteam.rl.experience import Sample, samples_from_episodes
 from searchteam.types import Episode, Turn
@@ -145,13 +145,8 @@ def append_kept(run_dir: Path, round_index: int, episodes: list[Episode]) -> Non
 def save_collected(run_dir: Path, round_index: int, episodes: list[Episode], scores: list[float]) -> None:
     """Every episode a round sampled, with its score, written atomically once sampling ends: a run killed
     during the (long) fine-tuning resumes the round from these instead of sampling it again."""
-    path = collected_path(run_dir, round_index)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for episode, score in zip(episodes, scores, strict=True):
-            fh.write(_episode_line("score", score, episode))
-    os.replace(tmp, path)
+    lines = (_episode_line("score", score, e) for e, score in zip(episodes, scores, strict=True))
+    write_lines_atomic(collected_path(run_dir, round_index), lines)
 
 
 def read_collected(run_dir: Path, round_index: int) -> tuple[list[Episode], list[float]] | None:
