@@ -120,6 +120,14 @@ def test_eval_writes_incrementally_and_resumes(tmp_path):
     assert len(read_results(tmp_path / "results.jsonl")) == 6
     assert json.loads((tmp_path / "summary.json").read_text())["n"] == 6
 
+    # more questions may join a run; a setting that decides the answers may not change
+    more = evaluate(cfg.model_copy(update={"resume": True, "limit": 4}), parts, progress=False)
+    assert more["n"] == 8
+    for change in ({"model": "qwen2.5-coder-0.5b"}, {"max_new_tokens": 16}, {"temperature": 0.7}):
+        with pytest.raises(ConfigError, match=f"cannot resume.*{next(iter(change))}"):
+            evaluate(cfg.model_copy(update={"resume": True, **change}), parts, progress=False)
+    assert len(read_results(tmp_path / "results.jsonl")) == 8
+
 
 def test_config_file_errors_name_the_field(tmp_path):
     path = tmp_path / "c.yaml"

@@ -71,6 +71,37 @@ def effective_config(config: RunConfig, team: Team) -> dict[str, Any]:
     }
 
 
+# Run settings a resumed eval may change: which questions it covers, where and how fast it runs, and what
+# it reports. Every other setting decides the answers, so the rows already written must share it.
+RESUMABLE_CHANGES = frozenset(
+    {
+        "datasets", "questions", "limit", "skip_bad_lines", "out", "resume", "batch_size", "concurrency",
+        "device", "base_url", "report_to", "tracker_project", "judge_model", "judge_backend",
+        "judge_base_url",
+    }
+)  # fmt: skip
+
+
+def check_resume_matches(out: Path, current: dict[str, Any]) -> None:
+    """Refuse to resume a run directory whose `config.yaml` differs from `current` in a setting that decides
+    the answers (model, method, retriever, sampling, ...): its rows would mix two systems."""
+    path = out / "config.yaml"
+    if not path.exists():
+        return
+    previous = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    changed = sorted(
+        key
+        for key in set(previous) | set(current)
+        if key not in RESUMABLE_CHANGES and previous.get(key) != current.get(key)
+    )
+    if changed:
+        diffs = "; ".join(f"{k}: {previous.get(k)!r} there, {current.get(k)!r} now" for k in changed)
+        raise ConfigError(
+            f"cannot resume {out}: its results were made with other settings ({diffs}). "
+            "Resume with the same settings, or choose another --out"
+        )
+
+
 def evaluate(
     config: RunConfig,
     components: Components | None = None,
@@ -93,9 +124,12 @@ def evaluate(
             f"{results_path} already exists: pass --resume to continue it, or choose another --out"
         )
     previous = read_results(results_path)
+    settings = effective_config(config, team)
+    if previous:
+        check_resume_matches(out, settings)
     done = {row["id"] for row in previous}
     todo = [q for q in questions if q.id not in done]
-    (out / "config.yaml").write_text(yaml.safe_dump(effective_config(config, team), sort_keys=False))
+    (out / "config.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
 
     seconds_before = _previous_seconds(out / "summary.json") if config.resume else 0.0
     started = time.perf_counter()
