@@ -69,6 +69,26 @@ def test_mask_training_episode_turn_rewards():
     assert ep.meta["reward_terms"]["imputed_turns"] == 0.0
 
 
+def test_mask_format_penalty_is_off_by_default_and_lowers_only_broken_turns():
+    def scored(options: dict) -> Episode:
+        turns = [
+            turn("plan", 0, ok=False, turn=0, predicted_answer="Lyon"),
+            turn("search", 1, turn=1, action="search"),
+            turn("summary", 1, ok=False, turn=1),
+            turn("update", 1, turn=1),
+            turn("answer", 1, turn=1, final=False, predicted_answer="Paris"),
+        ]
+        ep = episode("mask", turns, "Paris")
+        build_reward_scheme("mask", options)([ep])
+        return ep
+
+    paper = scored({})
+    assert rewards(paper) == pytest.approx([0.0, 1.0, 1.0, 1.0, 1.0])  # Eq. 2-3 alone: formats do not count
+    penalized = scored({"format_penalty": 1.0})
+    assert rewards(penalized) == pytest.approx([-1.0, 1.0, 0.0, 1.0, 1.0])
+    assert penalized.meta["reward"] == 1.0 and penalized.meta["reward_terms"]["format_errors"] == 2.0
+
+
 def test_mask_inference_episode_carries_answers_forward_and_uses_the_final_answer_last():
     turns = [
         turn("plan", 0, predicted_answer="Paris France"),

@@ -125,7 +125,12 @@ class OutcomeReward:
 
 
 class MaskOptions(_Options):
-    pass
+    format_penalty: float = Field(
+        0.0,
+        ge=0.0,
+        description="subtracted from the reward of a turn that broke its format (not in the paper: 0 = off; "
+        "1 is JADE's r_format, Eq. 7)",
+    )
 
 
 class MaskReward:
@@ -142,7 +147,11 @@ class MaskReward:
     at the last turn T, where a_T is the final answer (the final answer call's, else `episode.answer`), so the
     whole gain F1(a_final) − F1(a_0) lands on turn T and the telescoping sum still holds. The number of
     such imputed turns is `reward_terms["imputed_turns"]`. Outcome (`meta["reward"]`): F1 of the final
-    answer."""
+    answer.
+
+    Not in the paper: with `format_penalty` p > 0, a turn that broke its format (`parsed_ok` False) gets its
+    reward − p (M-ASK has no format reward; without one, RL on this machine let the plan agent drop its
+    tags, docs/training.md)."""
 
     def __init__(self, options: MaskOptions) -> None:
         self.options = options
@@ -193,7 +202,10 @@ class MaskReward:
             elif turn.role in ("search", "summary", "update"):
                 t = self._turn_of(turn)
                 turn.reward = scores[t] - scores[t - 1] if 1 <= t <= last else 0.0
+            if turn.reward is not None and not turn.parsed_ok:
+                turn.reward -= self.options.format_penalty
         terms = answer_scores(episode.answer, golds) | {
+            "format_errors": float(sum(not t.parsed_ok for t in episode.turns)),
             "plan_f1": scores[0],
             "last_turn_f1": scores[-1],
             "gain": scores[-1] - scores[0],
