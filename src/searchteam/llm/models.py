@@ -78,6 +78,12 @@ TRAINED: dict[str, TrainedAdapter] = {
         base="qwen2.5-coder-0.5b",
         description="JADE's shared planner/executor policy: warm start + 6 GRPO steps (train-jade-qwen-cpu)",
     ),
+    "qwen2.5-coder-0.5b-mask": TrainedAdapter(
+        name="qwen2.5-coder-0.5b-mask",
+        method="mask",
+        base="qwen2.5-coder-0.5b",
+        description="M-ASK's five agents, one shared policy: the warm start of train-mask-qwen-cpu",
+    ),
 }
 
 
