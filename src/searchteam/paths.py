@@ -243,9 +243,7 @@ def write_lines_atomic(path: Path, lines: Iterable[str]) -> None:
 
 
 def _write_manifest_file(folder: Path, files: dict[str, dict[str, Any]]) -> None:
-    tmp = folder / f".{MANIFEST}.{os.getpid()}"
-    tmp.write_text(json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1), encoding="utf-8")
-    os.replace(tmp, folder / MANIFEST)
+    write_lines_atomic(folder / MANIFEST, [json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1)])
 
 
 def _try(action: Callable[[], None]) -> None:
