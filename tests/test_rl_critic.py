@@ -98,3 +98,29 @@ def test_policy_only_load_crosses_critic_layouts(tokenizer, tmp_path, saved: str
     policy_names = [n for n in again if not is_critic(n)]
     assert policy_names and all(torch.equal(state[n], again[n]) for n in policy_names)
     assert all(torch.equal(critic_before[n], again[n]) for n in critic_before)
+
+
+@pytest.mark.parametrize("per_role", [False, True], ids=["shared", "per_role"])
+def test_init_from_adapters_only_restores_the_generating_weights(tokenizer, tmp_path, per_role: bool):
+    """A shipped adapter holds only `policy/adapters/NAME` (no trainable.pt): `load_initial` copies those
+    into a fresh policy, with or without a critic; another rank is refused by name of the cause."""
+    roles = {"lora_per_role": True, "roles": ["planner", "ag"]} if per_role else {}
+    source = build_policy(tiny_model(tokenizer), tokenizer, config(**roles))
+    for p in source.parameters():
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.02)
+    source.save_adapters(tmp_path / "policy" / "adapters")
+    target = build_policy(tiny_model(tokenizer, seed=1), tokenizer, config(estimator="gae", **roles))
+    critic_before = {n: t for n, t in target.trainable_state_dict().items() if is_critic(n)}
+    target.load_initial(tmp_path)
+    state, again = source.trainable_state_dict(), target.trainable_state_dict()
+    assert set(state) == {n for n in again if not is_critic(n)}
+    assert all(torch.equal(state[n], again[n]) for n in state)
+    assert all(torch.equal(critic_before[n], again[n]) for n in critic_before)
+    other_rank = build_policy(tiny_model(tokenizer, seed=1), tokenizer, config(lora_r=2, **roles))
+    with pytest.raises(ValueError, match="LoRA layout"):
+        other_rank.load_initial(tmp_path)
+    if per_role:
+        shared = build_policy(tiny_model(tokenizer, seed=1), tokenizer, config())
+        with pytest.raises(ValueError, match="this policy"):
+            shared.load_initial(tmp_path)

@@ -50,3 +50,29 @@ def test_models_lists_presets_and_trained_adapters() -> None:
     assert result.exit_code == 0, result.output
     for name in [*PRESETS, *TRAINED]:
         assert name in result.output
+
+
+@pytest.mark.parametrize("name", sorted(TRAINED))
+def test_a_shipped_adapter_starts_its_recipe_again(name: str) -> None:
+    """`init_from: NAME` in the recipe the adapter came from loads it into the trained policy, so more
+    training continues from it."""
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import load_file
+
+    from searchteam.rl import load_policy
+    from searchteam.training import initial_checkpoint, load_train_run_config
+
+    trained = TRAINED[name]
+    base = PRESETS[trained.base]
+    if not all(importlib.util.find_spec(p) for p in base.packages):
+        pytest.skip(f"the base model's weights are not installed: {base.install}")
+    cfg = load_train_run_config(Path(f"train-{trained.method}-qwen-cpu"), {"init_from": name})
+    policy = load_policy(cfg.model, cfg.train, device="cpu", dtype="bfloat16")
+    policy.load_initial(initial_checkpoint(cfg))
+    (shipped,) = (trained.path / "policy" / "adapters").glob("*/adapter_model.safetensors")
+    state, params = load_file(shipped), dict(policy.model.named_parameters())
+    some = sorted(state)[0]
+    loaded = params[some.replace(".weight", f".{shipped.parent.name}.weight")]
+    assert torch.equal(loaded.detach().to(state[some].dtype), state[some])

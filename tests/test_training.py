@@ -184,3 +184,22 @@ def test_shipped_recipes_follow_their_papers():
     assert load_train_run_config(Path("train-jade-cpu"), {}).reward["placement"] == "last_turn"
     gpu = load_train_run_config(Path("train-mask-gpu"), {})
     assert gpu.top_k == 5 and gpu.train.critic == "separate" and gpu.train.gamma == 0.0
+
+
+def test_init_from_names_a_checkpoint_or_a_shipped_adapter_of_the_same_model(tmp_path):
+    from searchteam.llm.models import TRAINED
+    from searchteam.training import initial_checkpoint
+
+    cfg = load_train_run_config(Path("train-jade-cpu"), {})
+    assert initial_checkpoint(cfg) is None
+    (tmp_path / "step-000003" / "policy").mkdir(parents=True)
+    assert initial_checkpoint(cfg.model_copy(update={"init_from": str(tmp_path / "step-000003")})) == (
+        tmp_path / "step-000003"
+    )
+    with pytest.raises(ConfigError, match="neither a shipped adapter nor a checkpoint"):
+        initial_checkpoint(cfg.model_copy(update={"init_from": str(tmp_path)}))
+    name = "qwen2.5-coder-0.5b-jade"
+    with pytest.raises(ConfigError, match="trained on qwen2.5-coder-0.5b, not on smollm2-135m"):
+        initial_checkpoint(cfg.model_copy(update={"init_from": name}))
+    qwen = cfg.model_copy(update={"init_from": name, "model": "qwen2.5-coder-0.5b"})
+    assert initial_checkpoint(qwen) == TRAINED[name].path

@@ -23,6 +23,7 @@ from searchteam.eval.runner import effective_config
 from searchteam.factory import build_run_retriever, build_sampling, build_team
 from searchteam.llm import build_llm, resolve_backend
 from searchteam.llm.hf import HFBackend, pick_device
+from searchteam.llm.models import TRAINED, checkpoint_of
 from searchteam.rewards.metrics import answer_scores
 from searchteam.rewards.schemes import build_reward_scheme
 from searchteam.rl import Policy, TrainConfig, Trainer, load_policy
@@ -49,6 +50,11 @@ class TrainRunConfig(RunConfig):
     recipe: str | None = Field(None, description="the shipped config the run started from (set by the CLI)")
     warm_start: WarmStartConfig | None = Field(
         None, description="rejection-sampling fine-tuning before RL (expert iteration); off when unset"
+    )
+    init_from: str | None = Field(
+        None,
+        description="start the policy from trained weights: a checkpoint folder (RUN/checkpoints/step-N, "
+        "RUN/warm_start/round-NN) or a shipped adapter's name (`searchteam models`); the critic starts fresh",
     )
     train: TrainConfig = Field(default_factory=TrainConfig)
 
@@ -296,8 +302,11 @@ def build_trainer(
     reward = build_reward_scheme(cfg.method, cfg.reward)  # validates the options before loading models
     check_reward_placement(getattr(getattr(reward, "options", None), "placement", None), cfg.train)
     frozen_generator(cfg)  # refuses a QAgent stage-2 run without submodule mode before any model loads
+    initial = initial_checkpoint(cfg)
     check_installed(trackers_for(cfg.report_to))  # a named tracker that is missing, before any model loads
     policy = load_policy(cfg.model, cfg.train, device=cfg.device, dtype=cfg.dtype)
+    if initial is not None:
+        policy.load_initial(initial)
     if cfg.judge_model:
         reward = build_reward_scheme(
             cfg.method, cfg.reward, judge=build_llm(cfg.judge_model, device=cfg.device)
@@ -320,6 +329,23 @@ def build_trainer(
         warm_start=warm,
         tracking_setup=tracked,
     )
+
+
+def initial_checkpoint(cfg: TrainRunConfig) -> Path | None:
+    """The folder `init_from` names, checked before any model loads: it must hold a `policy/`, and a
+    shipped adapter must have been trained on the run's model."""
+    if cfg.init_from is None:
+        return None
+    trained = TRAINED.get(cfg.init_from)
+    if trained is not None and trained.base != cfg.model:
+        raise ConfigError(f"init_from: {trained.name} was trained on {trained.base}, not on {cfg.model}")
+    folder = Path(checkpoint_of(cfg.init_from))
+    if not (folder / "policy").is_dir():
+        raise ConfigError(
+            f"init_from: {cfg.init_from} is neither a shipped adapter nor a checkpoint folder with a policy/ "
+            "(RUN/checkpoints/step-N or RUN/warm_start/round-NN)"
+        )
+    return folder
 
 
 def warm_start_stage(

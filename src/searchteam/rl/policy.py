@@ -251,6 +251,44 @@ class Policy(nn.Module):
                 state.update({f"critic_model.{k}": v for k, v in load_file(f).items()})
         self.load_trainable_state_dict({k: v for k, v in state.items() if k in self._params}, policy_only)
 
+    def load_initial(self, checkpoint: Path) -> None:
+        """Start from another run's policy weights (`init_from`): the `policy/` of a `searchteam train`
+        checkpoint or warm-start round, or of a shipped adapter, which holds only its peft adapters. The
+        critic, if any, keeps its initial values."""
+        directory = checkpoint / "policy"
+        if self.mode == "full" or (directory / "trainable.pt").exists():
+            self.load(directory, policy_only=True)
+        else:
+            self.load_peft_adapters(directory / "adapters")
+
+    def load_peft_adapters(self, directory: Path) -> None:
+        """Copy peft-format adapters (`directory/NAME/adapter_model.safetensors`, as `save_adapters` writes
+        them) into the adapters of the same names; they must be exactly this policy's generating adapters,
+        of the same rank and target modules."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        folders = sorted(p.parent for p in directory.glob("*/adapter_model.safetensors"))
+        found = {p.name for p in folders}
+        wanted = {a for a in self.model.peft_config if a != CRITIC_ADAPTER}
+        if found != wanted:
+            raise ValueError(
+                f"adapters in {directory} are {sorted(found) or 'none'}; this policy (mode={self.mode}) "
+                f"trains {sorted(wanted)}"
+            )
+        for folder in folders:
+            state = load_file(folder / "adapter_model.safetensors")
+            try:
+                result = set_peft_model_state_dict(self.model, state, adapter_name=folder.name)
+            except RuntimeError as err:  # a size mismatch: another lora_r
+                raise ValueError(f"adapter {folder} does not fit this policy's LoRA layout: {err}") from err
+            missing = [k for k in result.missing_keys if f".{folder.name}." in k]
+            if result.unexpected_keys or missing:
+                raise ValueError(
+                    f"adapter {folder} does not match this policy's LoRA targets: "
+                    f"missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}"
+                )
+
 
 def _name_preset_base(adapter_config: Path) -> None:
     """Name a preset base model by its preset name, not by this machine's cache path, so the adapter loads
