@@ -276,6 +276,12 @@ def test_train_with_an_unknown_method_says_which_exist(tmp_path: Path) -> None:
     assert "unknown method 'nope'; choose one of:" in error_line(result)
 
 
+def test_train_from_weights_that_are_not_there_says_what_it_expected(tmp_path: Path) -> None:
+    args = ["train", "--method", "jade", "--init-from", str(tmp_path / "gone"), "--out", str(tmp_path / "t")]
+    line = error_line(CliRunner().invoke(app, args))
+    assert "is neither a shipped adapter nor a checkpoint folder with a policy/" in line
+
+
 @pytest.mark.parametrize(
     ("yaml_text", "expected"),
     [

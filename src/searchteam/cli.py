@@ -310,6 +310,10 @@ def train(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the newest checkpoint in --out.")
     ] = False,
+    init_from: Annotated[
+        str | None,
+        typer.Option(help="Start from trained weights: a checkpoint folder or a shipped adapter's name."),
+    ] = None,
     report_to: ReportToOpt = None,
 ) -> None:
     """Train a team with RL (per-method rewards; PPO/GRPO/GSPO; shared or per-role LoRA)."""
@@ -326,6 +330,7 @@ def train(
             split=split,
             device=device,
             steps=steps,
+            init_from=init_from,
             report_to=report_to,
         )
         cfg = load_train_run_config(config, given)
