@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from searchteam.config import SHIPPED_CONFIGS
 from searchteam.llm import build_llm
 from searchteam.llm.base import GenerationRequest, SamplingParams
 from searchteam.llm.models import PRESETS, TRAINED, checkpoint_of
@@ -21,6 +22,7 @@ MAX_ADAPTER_BYTES = 12_000_000  # "a few MB": the package carries them
 def test_a_shipped_adapter_is_a_small_checkpoint_of_its_preset(name: str) -> None:
     trained = TRAINED[name]
     assert trained.method in METHODS and trained.base in PRESETS
+    assert (SHIPPED_CONFIGS / f"{trained.recipe}.yaml").exists()
     assert checkpoint_of(name) == str(trained.path) and checkpoint_of(trained.base) == trained.base
     configs = sorted((trained.path / "policy" / "adapters").glob("*/adapter_config.json"))
     assert configs, f"{name} ships no adapter"
@@ -68,7 +70,7 @@ def test_a_shipped_adapter_starts_its_recipe_again(name: str) -> None:
     base = PRESETS[trained.base]
     if not all(importlib.util.find_spec(p) for p in base.packages):
         pytest.skip(f"the base model's weights are not installed: {base.install}")
-    cfg = load_train_run_config(Path(f"train-{trained.method}-qwen-cpu"), {"init_from": name})
+    cfg = load_train_run_config(Path(trained.recipe), {"init_from": name})
     policy = load_policy(cfg.model, cfg.train, device="cpu", dtype="bfloat16")
     policy.load_initial(initial_checkpoint(cfg))
     (shipped,) = (trained.path / "policy" / "adapters").glob("*/adapter_model.safetensors")

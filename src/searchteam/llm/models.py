@@ -64,6 +64,7 @@ class TrainedAdapter:
     name: str
     method: str
     base: str
+    recipe: str  # the shipped training config of its last stage (src/searchteam/configs/RECIPE.yaml)
     description: str
 
     @property
@@ -76,12 +77,15 @@ TRAINED: dict[str, TrainedAdapter] = {
         name="qwen2.5-coder-0.5b-jade",
         method="jade",
         base="qwen2.5-coder-0.5b",
-        description="JADE's shared planner/executor policy: warm start + 6 GRPO steps (train-jade-qwen-cpu)",
+        recipe="train-jade-reader-qwen-cpu",
+        description="JADE's shared planner/executor policy: warm start + 6 GRPO steps (train-jade-qwen-cpu), "
+        "then expert iteration on the answer generator (train-jade-reader-qwen-cpu)",
     ),
     "qwen2.5-coder-0.5b-mask": TrainedAdapter(
         name="qwen2.5-coder-0.5b-mask",
         method="mask",
         base="qwen2.5-coder-0.5b",
+        recipe="train-mask-qwen-cpu",
         description="M-ASK's five agents, one shared policy: the warm start of train-mask-qwen-cpu",
     ),
 }
