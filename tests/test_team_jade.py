@@ -108,6 +108,22 @@ async def test_invalid_workflow_is_flagged_and_falls_back_to_retrieve_then_answe
     assert ep.answer == "German" and ep.meta == {"jade_rounds": 1, "jade_retrievals": 1}
 
 
+async def test_a_fixed_workflow_replaces_the_planner():
+    ep = await run_one({"ag": ["<answer>German</answer>"]}, top_k=2, options={"workflow": "R, AG"})
+    assert [t.role for t in ep.turns] == ["ag"] and len(ep.retrievals) == 1
+    assert user(ep.turns[0]).count("Document") == 2  # every retrieved document, no selector
+    assert ep.states[0]["workflow"] == ["R", "AG"] and ep.answer == "German"
+
+
+@pytest.mark.parametrize(
+    ("workflow", "reason"),
+    [("QDS", "cannot decompose"), ("AG, R", "AG must be the last"), ("R, XX", "unknown")],
+)
+def test_a_fixed_workflow_must_be_a_valid_solving_workflow(workflow, reason):
+    with pytest.raises(ValueError, match=reason):
+        get_team("jade", TeamSettings(options={"workflow": workflow}))
+
+
 async def test_decomposition_without_subquestions_solves_the_node_instead():
     ep = await run_one(
         {

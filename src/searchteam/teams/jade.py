@@ -19,6 +19,10 @@ Knobs: `settings.max_turns` caps the rounds (Alg. 1 line 27; the paper normalize
 of 3), `settings.top_k` passages per retrieval. Episode meta gets `jade_rounds` and `jade_retrievals`
 (N_rnd and N_ret of the cost reward, Eq. 6). Each round snapshots the workflow and the whole trace.
 
+Option `workflow` (an ablation, not in the paper's method): a fixed solving workflow such as "R, AG" that
+replaces the planner in every round, to measure what the learned workflows add over a static pipeline of
+the same executors.
+
 Fallbacks (each flags a format error on that turn, never raises):
 - planner: a missing tag, an unknown executor, or a workflow breaking the prompt's rules (QDS/QDP alone;
   R before DS; AG last and only last) runs R → AG.
@@ -33,7 +37,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from searchteam.runtime.context import Context
-from searchteam.teams.base import Team
+from searchteam.teams.base import Team, TeamSettings
 from searchteam.teams.parsing import capped, last_tag, tag_pairs
 from searchteam.teams.static_pipeline import ANSWER_STOP, ID_STOP, apply_selection, numbered_documents
 from searchteam.types import Passage, Question
@@ -79,6 +83,20 @@ def workflow_error(steps: tuple[str, ...]) -> str | None:
     if "DS" in steps and ("R" not in steps or steps.index("R") > steps.index("DS")):
         return "R must appear before DS"
     return None
+
+
+def fixed_workflow(text: str | None) -> tuple[str, ...] | None:
+    """The `workflow` option as executor steps; a decomposer or a workflow breaking the planner's rules is
+    refused (a fixed decomposition would decompose its own sub-questions until the round limit)."""
+    if text is None:
+        return None
+    workflow = parse_workflow(f"<workflow>{text}</workflow>")
+    if not workflow.ok or workflow.decomposes:
+        reason = workflow.error or "a fixed workflow cannot decompose"
+        raise ValueError(
+            f"jade option 'workflow' must be a solving workflow such as 'R, AG': {text!r} ({reason})"
+        )
+    return workflow.steps
 
 
 def parse_subquestions(text: str) -> list[str]:
@@ -155,6 +173,11 @@ class Jade(Team):
         "JADE: a planner builds a workflow per sub-query (rewrite, decompose, retrieve, select, answer)."
     )
     roles = ("planner", "qr", "qds", "qdp", "ds", "ag", "as")
+    option_names = ("workflow",)
+
+    def __init__(self, settings: TeamSettings | None = None) -> None:
+        super().__init__(settings)
+        self.fixed_workflow = fixed_workflow(self.settings.options.get("workflow"))
 
     async def run(self, q: Question, ctx: Context) -> str:
         trace = Trace.start(q.question)  # Alg. 1 lines 2-3
@@ -177,6 +200,8 @@ class Jade(Team):
         """One round on the target node; returns the workflow run and the number of retrievals."""
         if node.mode == "serial" and (known := trace.earlier_answers(node)):
             await self.resolve(node, known, ctx)
+        if self.fixed_workflow:
+            return self.fixed_workflow, await self.solve(node, self.fixed_workflow, ctx)
         # Phase 1 (lines 7-9): the planner sees only the target query.
         plan = await ctx.llm(
             "planner", self.chat("planner", question=node.question), stop=("</workflow>",), max_new_tokens=16
