@@ -8,22 +8,17 @@ set) and every musique and bamboogle dev line. Evaluate with `searchteam eval --
 import sys
 from pathlib import Path
 
-from searchteam.data.benchmark import BENCHMARK_DIR
+from searchteam.data.benchmark import BENCHMARK_DIR, MULTI_HOP
 
 TUNED = 150  # dev questions per dataset that the earlier runs were compared and chosen on
-PARTS = {
-    "hotpotqa": slice(TUNED, None),
-    "2wikimultihopqa": slice(TUNED, None),
-    "musique": slice(None),
-    "bamboogle": slice(None),
-}
+TUNED_DATASETS = ("hotpotqa", "2wikimultihopqa")
 
 
 def main(out: Path) -> None:
     lines = []
-    for dataset, part in PARTS.items():
+    for dataset in MULTI_HOP:
         dev = (BENCHMARK_DIR / "questions" / dataset / "dev.jsonl").read_text(encoding="utf-8").splitlines()
-        lines += dev[part]
+        lines += dev[TUNED:] if dataset in TUNED_DATASETS else dev
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"{len(lines)} questions -> {out}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import faiss
@@ -230,9 +232,6 @@ def test_prebuilt_index_with_the_shipped_minilm(tmp_path: Path, cache: Path) -> 
 
 
 def test_the_held_out_question_file_shares_no_question_with_the_tuning_set(tmp_path):
-    import subprocess
-    import sys
-
     out = tmp_path / "heldout.jsonl"
     script = Path(__file__).parents[1] / "scripts" / "heldout_questions.py"
     subprocess.run([sys.executable, str(script), str(out)], check=True, capture_output=True)
