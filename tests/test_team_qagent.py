@@ -134,6 +134,9 @@ def test_parse_round_tolerates_common_slips():
     assert many.queries == ["a", "a", "a"] and "5 queries" in many.issues[0]
     assert parse_round("<search><query>a</query></search>", False).issues == ["no <plan> before <search>"]
     assert parse_round("<plan>p</plan><search></search>", False).kind == "malformed"
+    cut = parse_round("<plan>p</plan><search><query>a</query><query>b</query><query>c", False)
+    assert cut.kind == "search" and cut.queries == ["a", "b"] and "unclosed <search>" in cut.issues[0]
+    assert parse_round("<plan>p</plan><search><query>a", False).kind == "malformed"
 
 
 @pytest.mark.model

@@ -26,6 +26,8 @@ Parsing and fallbacks (flagged on the turn with `flag_format_error`, never raise
   `episode.meta["retries"]` and the snapshot); after `max_retries` the loop ends as if B were spent;
 - a `<search>` without `<query>` items: its whole text is used as one query;
 - more than three queries: only the first three are retrieved;
+- a `<search>` cut off by the token cap (the 0.5B model lists queries until it runs out): its complete
+  `<query>` items are the search;
 - a search round without `<plan>`, or a round after `<information>` without `<reflection>`: flagged only
   (the format reward of §3.3 requires them), the action still runs;
 - end-to-end mode and no answer when the rounds run out: the environment opens `<answer>` for one last call.
@@ -69,10 +71,13 @@ def parse_round(completion: str, after_information: bool) -> RoundOutput:
     issues = []
     if after_information and "<reflection>" not in text:
         issues.append("no <reflection> after <information>")
-    if "</search>" in text:
+    queries = [q for q in tag_contents(completion, "query") if q]
+    cut_off = "<search>" in text and "</search>" not in text and bool(queries)
+    if cut_off:
+        issues.append("unclosed <search>; its complete <query> items are used")
+    if "</search>" in text or cut_off:
         if "<plan>" not in text:
             issues.append("no <plan> before <search>")
-        queries = [q for q in tag_contents(completion, "query") if q]
         if not queries and (block := last_tag(completion, "search")):
             queries = [block]
             issues.append("no <query> items; the <search> text is used as one query")
