@@ -10,7 +10,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from searchteam.llm.models import DEFAULT_MODEL
+from searchteam.llm.models import DEFAULT_MODEL, TRAINED
 
 SHIPPED_CONFIGS = Path(__file__).parent / "configs"
 # accelerate's trackers a run may report to; "all" is refused (it would start every installed tracker)
@@ -156,10 +156,24 @@ def load_config(
         data.update(loaded)
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:
-        return schema.model_validate(data)
+        return schema.model_validate(with_adapter_settings(data, schema))
     except ValidationError as exc:
         problems = "; ".join(_problem(err, schema) for err in exc.errors())
         raise ConfigError(f"invalid configuration ({source}): {problems}") from None
+
+
+def with_adapter_settings(data: dict[str, Any], schema: type[RunConfig]) -> dict[str, Any]:
+    """`data` completed with the run settings of the trained adapter it names as `model`, when it runs that
+    adapter's method: a field the run leaves unset takes the adapter's value; a dict merges key by key."""
+    trained = TRAINED.get(str(data.get("model")))
+    method = data.get("method", schema.model_fields["method"].default)
+    if trained is None or method != trained.method:
+        return data
+    merged = dict(data)
+    for key, value in trained.run_settings.items():
+        given = merged.get(key)
+        merged[key] = {**value, **given} if isinstance(given, dict) else value if given is None else given
+    return merged
 
 
 def _problem(err: Any, schema: type[RunConfig]) -> str:

@@ -9,8 +9,9 @@ import importlib.util
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from searchteam.llm.base import LLMError
 from searchteam.paths import cache_dir, ensure_cache, temp_entry, write_manifest
@@ -66,6 +67,9 @@ class TrainedAdapter:
     base: str
     recipe: str  # the shipped training config of its last stage (src/searchteam/configs/RECIPE.yaml)
     description: str
+    # run config fields it was trained with, used when its method runs it and a run leaves them unset
+    # (dicts merge key by key, the run's keys winning): e.g. QAgent's submodule mode and frozen generator
+    run_settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def path(self) -> Path:
@@ -87,6 +91,15 @@ TRAINED: dict[str, TrainedAdapter] = {
         base="qwen2.5-coder-0.5b",
         recipe="train-mask-qwen-cpu",
         description="M-ASK's five agents, one shared policy: the warm start of train-mask-qwen-cpu",
+    ),
+    "qwen2.5-coder-0.5b-qagent": TrainedAdapter(
+        name="qwen2.5-coder-0.5b-qagent",
+        method="qagent",
+        base="qwen2.5-coder-0.5b",
+        recipe="train-qagent-qwen-cpu",
+        description="QAgent's search agent as a plug-in module (submodule mode) in front of the frozen base "
+        "model as generator: 2 rounds of expert iteration on the agent (train-qagent-qwen-cpu)",
+        run_settings={"options": {"mode": "submodule"}, "extra_models": {"generator": "qwen2.5-coder-0.5b"}},
     ),
 }
 
