@@ -99,7 +99,12 @@ TRAINED: dict[str, TrainedAdapter] = {
         recipe="train-qagent-qwen-cpu",
         description="QAgent's search agent as a plug-in module (submodule mode) in front of the frozen base "
         "model as generator: 2 rounds of expert iteration on the agent (train-qagent-qwen-cpu)",
-        run_settings={"options": {"mode": "submodule"}, "extra_models": {"generator": "qwen2.5-coder-0.5b"}},
+        run_settings={
+            "options": {"mode": "submodule"},
+            "extra_models": {"generator": "qwen2.5-coder-0.5b"},
+            # room for the reflection it writes after the passages (at 160 tokens 12 % of its turns broke)
+            "max_new_tokens_per_role": {"agent": 256},
+        },
     ),
 }
 
