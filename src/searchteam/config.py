@@ -156,13 +156,13 @@ def load_config(
         data.update(loaded)
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:
-        return schema.model_validate(with_adapter_settings(data, schema))
+        return schema.model_validate(_with_adapter_settings(data, schema))
     except ValidationError as exc:
         problems = "; ".join(_problem(err, schema) for err in exc.errors())
         raise ConfigError(f"invalid configuration ({source}): {problems}") from None
 
 
-def with_adapter_settings(data: dict[str, Any], schema: type[RunConfig]) -> dict[str, Any]:
+def _with_adapter_settings(data: dict[str, Any], schema: type[RunConfig]) -> dict[str, Any]:
     """`data` completed with the run settings of the trained adapter it names as `model`, when it runs that
     adapter's method: a field the run leaves unset takes the adapter's value; a dict merges key by key."""
     trained = TRAINED.get(str(data.get("model")))
@@ -172,7 +172,10 @@ def with_adapter_settings(data: dict[str, Any], schema: type[RunConfig]) -> dict
     merged = dict(data)
     for key, value in trained.run_settings.items():
         given = merged.get(key)
-        merged[key] = {**value, **given} if isinstance(given, dict) else value if given is None else given
+        if given is None:
+            merged[key] = value
+        elif isinstance(given, dict):
+            merged[key] = {**value, **given}
     return merged
 
 
