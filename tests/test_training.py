@@ -179,7 +179,8 @@ def test_shipped_recipes_follow_their_papers():
     searcher, generator = (dac.train.estimator_of(r) for r in ("searcher", "generator"))
     assert (searcher.estimator, searcher.gamma, searcher.lam) == ("gae", 1.0, 1.0)
     assert generator.estimator == "grpo" and dac.group_size == 5
-    assert load_train_run_config(Path("train-search_r1-cpu"), {}).reward["metric"] == "em"
+    for search_r1 in ("train-search_r1-cpu", "train-search_r1-qwen-cpu"):
+        assert load_train_run_config(Path(search_r1), {}).reward["metric"] == "em"
     assert load_train_run_config(Path("train-qagent-cpu"), {}).train.kl_coef == 0.001
     assert load_train_run_config(Path("train-jade-cpu"), {}).reward["placement"] == "last_turn"
     gpu = load_train_run_config(Path("train-mask-gpu"), {})
