@@ -106,6 +106,14 @@ TRAINED: dict[str, TrainedAdapter] = {
             "max_new_tokens_per_role": {"agent": 256},
         },
     ),
+    "qwen2.5-coder-0.5b-search_r1": TrainedAdapter(
+        name="qwen2.5-coder-0.5b-search_r1",
+        method="search_r1",
+        base="qwen2.5-coder-0.5b",
+        recipe="train-search_r1-qwen-cpu",
+        description="the monolithic Search-R1 agent: one round of expert iteration, then 24 GRPO steps on EM "
+        "(train-search_r1-qwen-cpu)",
+    ),
 }
 
 
