@@ -175,10 +175,11 @@ def test_shipped_recipes_follow_their_papers():
     (G = 5); Search-R1 trains on EM; QAgent Eq. 1 has β = 0.001; JADE Eq. 8 rewards the terminal turn."""
     decor = load_train_run_config(Path("train-decor-cpu"), {})
     assert decor.train.ratio_level == "sequence" and decor.train.loss_agg == "seq_mean"
-    dac = load_train_run_config(Path("train-dac-cpu"), {})
-    searcher, generator = (dac.train.estimator_of(r) for r in ("searcher", "generator"))
-    assert (searcher.estimator, searcher.gamma, searcher.lam) == ("gae", 1.0, 1.0)
-    assert generator.estimator == "grpo" and dac.group_size == 5
+    for recipe in ("train-dac-cpu", "train-dac-qwen-cpu"):
+        dac = load_train_run_config(Path(recipe), {})
+        searcher, generator = (dac.train.estimator_of(r) for r in ("searcher", "generator"))
+        assert (searcher.estimator, searcher.gamma, searcher.lam) == ("gae", 1.0, 1.0)
+        assert generator.estimator == "grpo" and dac.group_size == 5 and dac.train.lora_per_role
     for search_r1 in ("train-search_r1-cpu", "train-search_r1-qwen-cpu"):
         assert load_train_run_config(Path(search_r1), {}).reward["metric"] == "em"
     assert load_train_run_config(Path("train-qagent-cpu"), {}).train.kl_coef == 0.001
@@ -204,3 +205,19 @@ def test_init_from_names_a_checkpoint_or_a_shipped_adapter_of_the_same_model(tmp
         initial_checkpoint(cfg.model_copy(update={"init_from": name}))
     qwen = cfg.model_copy(update={"init_from": name, "model": "qwen2.5-coder-0.5b"})
     assert initial_checkpoint(qwen) == TRAINED[name].path
+
+
+def test_the_warm_start_rolls_out_with_its_own_team_options():
+    """DAC's qwen recipe samples its warm start without hard positives or probes; RL keeps the paper's."""
+    from searchteam.factory import build_team
+    from searchteam.training import warm_start_run_config
+
+    cfg = load_train_run_config(Path("train-dac-qwen-cpu"), {})
+    warm = warm_start_run_config(cfg)
+    assert cfg.options == {} and warm.options == {"hard_positives": False, "difference_rewards": False}
+    assert warm.group_size == cfg.warm_start.samples_per_question and warm.seed != cfg.seed
+    assert build_team(warm).settings.options == warm.options
+    typo_options = cfg.warm_start.model_copy(update={"options": {"abstian": 0}})
+    typo = cfg.model_copy(update={"warm_start": typo_options})
+    with pytest.raises(ConfigError, match="unknown option 'abstian'.*did you mean"):
+        build_team(warm_start_run_config(typo))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -49,6 +49,11 @@ class WarmStartConfig(BaseModel):
     require_parsed: bool = Field(True, description="keep only episodes whose policy turns all parsed")
     teacher: str | None = Field(
         None, description="model whose traces are kept (e.g. qwen2.5-coder-0.5b); default: the policy"
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="team options for the warm start's rollouts, over the run's (e.g. DAC's "
+        "hard_positives: false, so no answer on distractor-laden evidence is imitated whether right or not)",
     )
     epochs: int = Field(2, ge=1, description="passes over the kept turns per round")
     lr: float = Field(1e-4, gt=0.0)
