@@ -299,7 +299,8 @@ def build_trainer(
     cfg: TrainRunConfig, out: Path, accelerator=None, on_step: Callable[[dict], None] | None = None
 ) -> Trainer:
     team = build_team(cfg)
-    warm_team = build_team(warm_start_run_config(cfg)) if cfg.warm_start else None  # its own options
+    warm_cfg = warm_start_run_config(cfg) if cfg.warm_start else None
+    warm_team = build_team(warm_cfg) if warm_cfg else None  # validates the stage's own options
     reward = build_reward_scheme(cfg.method, cfg.reward)  # validates the options before loading models
     check_reward_placement(getattr(getattr(reward, "options", None), "placement", None), cfg.train)
     frozen_generator(cfg)  # refuses a QAgent stage-2 run without submodule mode before any model loads
@@ -315,7 +316,7 @@ def build_trainer(
     out.mkdir(parents=True, exist_ok=True)
     questions = training_questions(cfg)
     rollout = make_rollout(cfg, team, policy, questions, out / "rollout_adapters")
-    warm = warm_start_stage(cfg, warm_team, policy, questions, out) if warm_team else None
+    warm = warm_start_stage(warm_cfg, warm_team, policy, questions, out) if warm_cfg and warm_team else None
     resolved = effective_config(cfg, team)
     (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
     tracked = TrackingSetup(cfg.report_to, cfg.tracker_project, resolved)
@@ -366,16 +367,15 @@ def warm_start_run_config(cfg: TrainRunConfig) -> TrainRunConfig:
 
 
 def warm_start_stage(
-    cfg: TrainRunConfig, team: Team, policy: Policy, questions: list[Question], out: Path
+    warm_cfg: TrainRunConfig, team: Team, policy: Policy, questions: list[Question], out: Path
 ) -> WarmStart:
     """The warm start's rollouts: `samples_per_question` samples of `questions_per_round` questions per
     round at its temperature, by the policy (through the run's engine) or by the teacher; question order
-    and seeds apart from RL's; `team` is built from `warm_start_run_config` (the stage's own options). The
-    engine (or teacher model) is built at the first round, so a run whose warm start already finished never
-    loads it."""
-    ws = cfg.warm_start
+    and seeds apart from RL's. `warm_cfg` is `warm_start_run_config` of the run and `team` is built from it
+    (the stage's own options). The engine (or teacher model) is built at the first round, so a run whose
+    warm start already finished never loads it."""
+    ws = warm_cfg.warm_start
     assert ws is not None
-    warm_cfg = warm_start_run_config(cfg)
     rollout: list[Callable[..., list[Episode]]] = []
 
     def collect(round_index: int) -> list[Episode]:
