@@ -5,6 +5,7 @@ import pytest
 from searchteam.data import load_benchmark
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
+from searchteam.rl.warm_start import policy_turns
 from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings, get_team
 from searchteam.teams.qagent import parse_round
@@ -120,6 +121,19 @@ def test_submodule_generator_falls_back_to_the_policy_model():
     ep, _ = run(search_then_answer, {"mode": "submodule"})
     assert ep.turns[-1].role == "generator" and ep.turns[-1].model == "policy"
     assert ep.turns[-1].meta["frozen"] is True  # §3.4's generator is frozen: never a training sample
+
+
+def test_an_unfrozen_generator_is_a_training_sample():
+    ep, _ = run(search_then_answer, {"mode": "submodule", "frozen_generator": False})
+    assert ep.turns[-1].meta["frozen"] is False
+    assert [t.role for t in policy_turns(ep, roles=("generator",))] == ["generator"]
+
+
+def test_an_unfrozen_generator_needs_submodule_mode_and_a_bool():
+    with pytest.raises(ValueError, match="needs mode: submodule"):
+        get_team("qagent", TeamSettings(options={"frozen_generator": False}))
+    with pytest.raises(ValueError, match="true or false"):
+        get_team("qagent", TeamSettings(options={"mode": "submodule", "frozen_generator": "no"}))
 
 
 def test_unknown_mode_is_a_clear_error():

@@ -10,14 +10,16 @@ environment text (`turn.meta["env_spans"]`). Every retrieved passage joins the p
 Roles: `agent`; `generator` in submodule mode, called with `model="generator"` so a run can configure a
 different (frozen) generator model (`extra_models: {generator: ...}`); without one the policy serves it.
 The generator is frozen in the paper (§3.4), so its turns carry `meta["frozen"] = True`: never trained,
-even when the policy serves them.
+even when the policy serves them, unless the option `frozen_generator: false` says otherwise.
 
 Options (`settings.options`):
 - `mode`: `end_to_end` (default; the agent's own `<answer>`, §3.3) or `submodule` (§3.4-3.5: the
   deduplicated passage set K goes to the generator, Â = G(q, K), Eq. 8-9; the generator sees only the
   question and K, never the agent's plans or reflections; the agent's own answer, if any, is kept in
   `episode.meta["agent_answer"]` for the Hit term of Eq. 10);
-- `max_retries` (default 2): how many malformed outputs get prompt_rethink (line 16) before giving up.
+- `max_retries` (default 2): how many malformed outputs get prompt_rethink (line 16) before giving up;
+- `frozen_generator` (default true, as in §3.4): false leaves the generator's turns trainable, so a run
+  can fine-tune the reader on the passage sets the agent gathers (submodule mode only; not in the paper).
 `top_k` is passages per query (the paper retrieves 1 per query; that is the default unless set);
 `max_turns` is B (default 4), and, as in line 18, a retry uses up a round.
 
@@ -101,7 +103,7 @@ class QAgent(Team):
     default_top_k = 1  # §4: "we retrieve 1 passage each query"
     roles = ("agent", "generator")
     model_names = ("generator",)
-    option_names = ("mode", "max_retries")
+    option_names = ("mode", "max_retries", "frozen_generator")
 
     def __init__(self, settings: TeamSettings | None = None) -> None:
         super().__init__(settings)
@@ -109,6 +111,12 @@ class QAgent(Team):
         if self.mode not in MODES:
             raise ValueError(f"qagent option 'mode' must be one of {', '.join(MODES)}, not '{self.mode}'")
         self.max_retries = int(self.settings.options.get("max_retries", 2))
+        frozen = self.settings.options.get("frozen_generator", True)
+        if not isinstance(frozen, bool):
+            raise ValueError(f"qagent option 'frozen_generator' must be true or false, not {frozen!r}")
+        if not frozen and self.mode != "submodule":
+            raise ValueError("qagent option 'frozen_generator: false' needs mode: submodule")
+        self.frozen_generator = frozen
 
     async def run(self, q: Question, ctx: Context) -> str:
         messages = self.chat("agent", question=q.question)
@@ -172,5 +180,5 @@ class QAgent(Team):
             max_new_tokens=GENERATOR_TOKENS,
             model="generator",
         )
-        turn.meta["frozen"] = True
+        turn.meta["frozen"] = self.frozen_generator
         return self.answer_from(turn)
