@@ -349,8 +349,8 @@ def test_train_with_an_unknown_option_says_which_exist(tmp_path: Path) -> None:
         CliRunner().invoke(app, ["train", "--config", str(config), "--out", str(tmp_path / "t")])
     )
     assert line == (
-        "error: unknown option 'mod' in options: method 'qagent' has the options mode, max_retries; "
-        "did you mean 'mode'?"
+        "error: unknown option 'mod' in options: method 'qagent' has the options mode, max_retries, "
+        "frozen_generator; did you mean 'mode'?"
     )
 
 
