@@ -221,3 +221,12 @@ def test_the_warm_start_rolls_out_with_its_own_team_options():
     typo = cfg.model_copy(update={"warm_start": typo_options})
     with pytest.raises(ConfigError, match="unknown option 'abstian'.*did you mean"):
         build_team(warm_start_run_config(typo))
+
+
+def test_the_qagent_reader_recipe_trains_only_an_unfrozen_generator():
+    from searchteam.factory import build_team
+
+    cfg = load_train_run_config(Path("train-qagent-reader-qwen-cpu"), {})
+    team = build_team(cfg)
+    assert team.mode == "submodule" and team.frozen_generator is False and cfg.train.roles == ["generator"]
+    assert cfg.init_from == "qwen2.5-coder-0.5b-qagent" and not cfg.extra_models  # the policy reads
