@@ -19,7 +19,8 @@ Options (`settings.options`):
   `episode.meta["agent_answer"]` for the Hit term of Eq. 10);
 - `max_retries` (default 2): how many malformed outputs get prompt_rethink (line 16) before giving up;
 - `frozen_generator` (default true, as in §3.4): false leaves the generator's turns trainable, so a run
-  can fine-tune the reader on the passage sets the agent gathers (submodule mode only; not in the paper).
+  can fine-tune the reader on the passage sets the agent gathers (submodule mode only, and only when the
+  policy serves the generator: an `extra_models` generator is never trained; not in the paper).
 `top_k` is passages per query (the paper retrieves 1 per query; that is the default unless set);
 `max_turns` is B (default 4), and, as in line 18, a retry uses up a round.
 
