@@ -37,12 +37,14 @@ def progress_bar(
     return TenthsProgress(*columns, label=label, console=console, disable=not enabled)
 
 
-def _duration(seconds: float | None) -> str:
-    return "?" if seconds is None else str(timedelta(seconds=int(seconds)))
+def _duration(seconds: float) -> str:
+    return str(timedelta(seconds=int(seconds)))
 
 
 class TenthsProgress(Progress):
-    """A progress bar for log files: one line per tenth of a task done, with elapsed and remaining time."""
+    """A progress bar for log files: one line per tenth of a task done, with the elapsed time and the time
+    left at the mean pace so far (rich's estimate follows the last 30 s, and batched episodes finish in
+    bursts)."""
 
     def __init__(self, *columns, label: str, **kwargs) -> None:
         super().__init__(*columns, **kwargs)
@@ -62,9 +64,11 @@ class TenthsProgress(Progress):
             return
         self._tenths_logged[task_id] = tenths
         label = Text.from_markup(self._label.format(task=task)).plain
+        elapsed = task.elapsed or 0.0
+        remaining = elapsed * (task.total - task.completed) / task.completed  # the mean pace so far
         self.console.print(
-            f"{label} {task.completed:g}/{task.total:g} after {_duration(task.elapsed)}, "
-            f"about {_duration(task.time_remaining)} left",
+            f"{label} {task.completed:g}/{task.total:g} after {_duration(elapsed)}, "
+            f"about {_duration(remaining)} left",
             highlight=False,
             markup=False,
         )
