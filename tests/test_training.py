@@ -173,8 +173,10 @@ def test_resampling_rounds_draw_fresh_questions_with_fresh_seeds():
 def test_shipped_recipes_follow_their_papers():
     """DECOR Eq. 4 averages over sequences; DAC B.1 pairs a GAE searcher (γ = λ = 1) with a GRPO generator
     (G = 5); Search-R1 trains on EM; QAgent Eq. 1 has β = 0.001; JADE Eq. 8 rewards the terminal turn."""
-    decor = load_train_run_config(Path("train-decor-cpu"), {})
-    assert decor.train.ratio_level == "sequence" and decor.train.loss_agg == "seq_mean"
+    for recipe in ("train-decor-cpu", "train-decor-qwen-cpu"):
+        decor = load_train_run_config(Path(recipe), {})
+        assert decor.train.ratio_level == "sequence" and decor.train.loss_agg == "seq_mean"
+        assert (decor.train.clip_low, decor.train.clip_high, decor.reward["alpha"]) == (3e-4, 4e-4, 0.6)
     for recipe in ("train-dac-cpu", "train-dac-qwen-cpu"):
         dac = load_train_run_config(Path(recipe), {})
         searcher, generator = (dac.train.estimator_of(r) for r in ("searcher", "generator"))
