@@ -92,6 +92,14 @@ TRAINED: dict[str, TrainedAdapter] = {
         recipe="train-mask-qwen-cpu",
         description="M-ASK's five agents, one shared policy: the warm start of train-mask-qwen-cpu",
     ),
+    "qwen2.5-coder-0.5b-naive_rag": TrainedAdapter(
+        name="qwen2.5-coder-0.5b-naive_rag",
+        method="naive_rag",
+        base="qwen2.5-coder-0.5b",
+        recipe="train-naive_rag-qwen-cpu",
+        description="naive RAG's reader: one round of expert iteration on its answers over the top-5 "
+        "passages (train-naive_rag-qwen-cpu)",
+    ),
     "qwen2.5-coder-0.5b-qagent": TrainedAdapter(
         name="qwen2.5-coder-0.5b-qagent",
         method="qagent",

@@ -1,0 +1,79 @@
+"""How much a document selector could add in front of naive RAG's reader: the reader answers the same
+questions from naive RAG's top-k passages, from the first passage alone, and from an oracle selection
+(the first passage holding a gold answer string, or every such passage), falling back to the whole top-k
+where no passage holds one. Each selection is a normal eval run under OUT/SELECTION, so
+`searchteam compare OUT/top_k OUT/oracle_first --by dataset` gives the paired differences.
+
+    python scripts/evidence_headroom.py --model qwen2.5-coder-0.5b --limit 150 --out runs/headroom
+
+The oracle reads the gold answers, so its runs are an upper bound for a selector over these passages,
+not a method. docs/training.md ("What a document selector could add") has the measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+from searchteam.config import load_config
+from searchteam.eval.runner import evaluate
+from searchteam.factory import build_components
+from searchteam.rewards.metrics import hit
+from searchteam.runtime.context import Context
+from searchteam.teams.base import TeamSettings, format_documents
+from searchteam.teams.baselines import NaiveRAG, answer_call
+from searchteam.types import Passage, Question
+
+Selection = Callable[[list[Passage], list[str]], list[Passage]]
+
+
+def holding(docs: list[Passage], golds: list[str]) -> list[Passage]:
+    return [d for d in docs if hit(d.contents, golds)]
+
+
+SELECTIONS: dict[str, Selection] = {
+    "top_k": lambda docs, golds: docs,
+    "first": lambda docs, golds: docs[:1],
+    "oracle_first": lambda docs, golds: holding(docs, golds)[:1] or docs,
+    "oracle_all": lambda docs, golds: holding(docs, golds) or docs,
+}
+
+
+class SelectedRAG(NaiveRAG):
+    """Naive RAG whose reader sees only the selected passages of its top-k."""
+
+    def __init__(self, select: Selection, settings: TeamSettings | None = None) -> None:
+        super().__init__(settings)
+        self.select = select
+
+    async def run(self, q: Question, ctx: Context) -> str:
+        docs = await ctx.search(q.question, k=self.settings.top_k)
+        shown = self.select(docs, list(q.golden_answers))
+        return await answer_call(ctx, self, question=q.question, documents=format_documents(shown))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--dataset", default="hotpotqa,2wikimultihopqa")
+    parser.add_argument("--limit", type=int, default=150, help="questions per dataset")
+    parser.add_argument("--questions", type=Path, help="a question file instead of --dataset/--limit")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--selections", default=",".join(SELECTIONS), help="comma-separated")
+    args = parser.parse_args()
+
+    run = {"method": "naive_rag", "model": args.model, "datasets": args.dataset.split(","), "split": "dev"}
+    run |= {"questions": args.questions} if args.questions else {"limit": args.limit}
+    components = None
+    for name in args.selections.split(","):
+        config = load_config(None, {**run, "out": args.out / name, "resume": True})
+        team = SelectedRAG(SELECTIONS[name], TeamSettings(top_k=config.top_k))
+        components = components or build_components(config, team)
+        components.team = team
+        summary = evaluate(config, components)
+        print(f"{name}: EM {summary['em']:.3f} F1 {summary['f1']:.3f} (n = {summary['n']})")
+
+
+if __name__ == "__main__":
+    main()

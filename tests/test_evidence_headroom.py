@@ -1,0 +1,52 @@
+"""scripts/evidence_headroom.py: the selections in front of naive RAG's reader, on constructed passages."""
+
+import asyncio
+import importlib.util
+from pathlib import Path
+
+from searchteam.llm.base import GenerationRequest
+from searchteam.llm.scripted import ScriptedLLM
+from searchteam.runtime import Sampling, make_backends, run_episodes
+from searchteam.teams import TeamSettings
+from searchteam.types import Passage, Question
+from tests.helpers import PASSAGES, TinyRetriever
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "evidence_headroom.py"
+spec = importlib.util.spec_from_file_location("evidence_headroom", SCRIPT)
+headroom = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(headroom)
+
+DOCS = [
+    Passage(id="a", title="Paris", text="Paris is the capital of France."),
+    Passage(id="b", title="Thomas Mann", text="Thomas Mann was a German novelist."),
+    Passage(id="c", title="Lübeck", text="Lübeck is where Thomas Mann was born."),
+]
+
+
+def ids(passages: list[Passage]) -> list[str]:
+    return [p.id for p in passages]
+
+
+def test_oracle_selections_read_the_gold_answer_and_fall_back_to_the_top_k():
+    select = headroom.SELECTIONS
+    assert ids(select["top_k"](DOCS, ["Thomas Mann"])) == ["a", "b", "c"]
+    assert ids(select["first"](DOCS, ["Thomas Mann"])) == ["a"]
+    assert ids(select["oracle_first"](DOCS, ["thomas mann"])) == ["b"]
+    assert ids(select["oracle_all"](DOCS, ["Thomas Mann"])) == ["b", "c"]
+    assert ids(select["oracle_first"](DOCS, ["Berlin"])) == ["a", "b", "c"]
+
+
+def test_the_reader_sees_only_the_selected_passages():
+    prompts: list[str] = []
+
+    def reader(req: GenerationRequest) -> str:
+        prompts.append(req.messages[-1]["content"])
+        return "Thomas Mann</answer>"
+
+    team = headroom.SelectedRAG(headroom.SELECTIONS["oracle_first"], TeamSettings(top_k=3))
+    question = Question(id="q", question="Which novelist was German?", golden_answers=["Thomas Mann"])
+    backends = make_backends({"policy": ScriptedLLM(reader)}, TinyRetriever(PASSAGES))
+    run = run_episodes(team.run, "naive_rag", [question], backends, Sampling(), progress=False)
+    (episode,), _ = asyncio.run(run)
+    assert episode.answer == "Thomas Mann" and len(episode.retrievals[0].passages) == 3
+    assert prompts[0].count("Doc ") == 1 and "Thomas Mann was a German novelist" in prompts[0]
