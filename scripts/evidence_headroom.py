@@ -7,7 +7,7 @@ where no passage holds one. Each selection is a normal eval run under OUT/SELECT
     python scripts/evidence_headroom.py --model qwen2.5-coder-0.5b --limit 150 --out runs/headroom
 
 The oracle reads the gold answers, so its runs are an upper bound for a selector over these passages,
-not a method. docs/training.md ("What a document selector could add") has the measurements.
+not a method. docs/training.md ("Where the F1 is lost") has the measurements.
 """
 
 from __future__ import annotations
