@@ -1,42 +1,62 @@
-"""How much a document selector could add in front of naive RAG's reader: the reader answers the same
-questions from naive RAG's top-k passages, from the first passage alone, and from an oracle selection
-(the first passage holding a gold answer string, or every such passage), falling back to the whole top-k
-where no passage holds one. Each selection is a normal eval run under OUT/SELECTION, so
-`searchteam compare OUT/top_k OUT/oracle_first --by dataset` gives the paired differences.
+"""How much a document selector or a searcher could add in front of naive RAG's reader: the reader answers
+the same questions from naive RAG's top-k passages, from the first passage alone, from an oracle selection
+(the first top-k passage holding a gold answer string, or every such passage; the whole top-k where none
+holds one), and from the question's gold supporting paragraphs looked up by title in the corpus
+(`gold_support`: a perfect searcher; hotpotqa and musique questions carry `supporting_titles`). Each
+selection is a normal eval run under OUT/SELECTION, so `searchteam compare OUT/top_k OUT/oracle_first
+--by dataset` gives the paired differences.
 
     python scripts/evidence_headroom.py --model qwen2.5-coder-0.5b --limit 150 --out runs/headroom
 
-The oracle reads the gold answers, so its runs are an upper bound for a selector over these passages,
-not a method. docs/training.md ("Where the F1 is lost") has the measurements.
+The oracles read the gold answers or paragraphs, so their runs are upper bounds, not methods.
+docs/training.md ("Where the F1 is lost") has the measurements.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 from searchteam.config import load_config
+from searchteam.data import CORPUS_PATH
 from searchteam.eval.runner import evaluate
 from searchteam.factory import build_components
+from searchteam.retrieval.corpus import load_corpus
 from searchteam.rewards.metrics import hit
 from searchteam.runtime.context import Context
 from searchteam.teams.base import TeamSettings, format_documents
 from searchteam.teams.baselines import NaiveRAG, answer_call
 from searchteam.types import Passage, Question
 
-Selection = Callable[[list[Passage], list[str]], list[Passage]]
+Selection = Callable[[list[Passage], Question], list[Passage]]
 
 
-def holding(docs: list[Passage], golds: list[str]) -> list[Passage]:
-    return [d for d in docs if hit(d.contents, golds)]
+def holding(docs: list[Passage], q: Question) -> list[Passage]:
+    return [d for d in docs if hit(d.contents, q.golden_answers)]
+
+
+@cache
+def passages_by_title() -> dict[str, list[Passage]]:
+    by_title: dict[str, list[Passage]] = {}
+    for passage in load_corpus(CORPUS_PATH):
+        by_title.setdefault(passage.title, []).append(passage)
+    return by_title
+
+
+def gold_support(docs: list[Passage], q: Question) -> list[Passage]:
+    """The first corpus passage of each supporting title, in the dataset's order; the top-k without them."""
+    found = [passages_by_title().get(title, [])[:1] for title in q.meta.get("supporting_titles", [])]
+    return [p for passages in found for p in passages] or docs
 
 
 SELECTIONS: dict[str, Selection] = {
-    "top_k": lambda docs, golds: docs,
-    "first": lambda docs, golds: docs[:1],
-    "oracle_first": lambda docs, golds: holding(docs, golds)[:1] or docs,
-    "oracle_all": lambda docs, golds: holding(docs, golds) or docs,
+    "top_k": lambda docs, q: docs,
+    "first": lambda docs, q: docs[:1],
+    "oracle_first": lambda docs, q: holding(docs, q)[:1] or docs,
+    "oracle_all": lambda docs, q: holding(docs, q) or docs,
+    "gold_support": gold_support,
 }
 
 
@@ -49,7 +69,7 @@ class SelectedRAG(NaiveRAG):
 
     async def run(self, q: Question, ctx: Context) -> str:
         docs = await ctx.search(q.question, k=self.settings.top_k)
-        shown = self.select(docs, list(q.golden_answers))
+        shown = self.select(docs, q)
         return await answer_call(ctx, self, question=q.question, documents=format_documents(shown))
 
 
@@ -60,7 +80,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=150, help="questions per dataset")
     parser.add_argument("--questions", type=Path, help="a question file instead of --dataset/--limit")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--selections", default=",".join(SELECTIONS), help="comma-separated")
+    parser.add_argument("--selections", default="top_k,first,oracle_first,oracle_all", help="comma-separated")
     args = parser.parse_args()
 
     run = {"method": "naive_rag", "model": args.model, "datasets": args.dataset.split(","), "split": "dev"}

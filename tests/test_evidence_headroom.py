@@ -27,13 +27,25 @@ def ids(passages: list[Passage]) -> list[str]:
     return [p.id for p in passages]
 
 
+def question(golds: list[str], **meta) -> Question:
+    return Question(id="q", question="Which novelist was German?", golden_answers=golds, meta=meta)
+
+
 def test_oracle_selections_read_the_gold_answer_and_fall_back_to_the_top_k():
     select = headroom.SELECTIONS
-    assert ids(select["top_k"](DOCS, ["Thomas Mann"])) == ["a", "b", "c"]
-    assert ids(select["first"](DOCS, ["Thomas Mann"])) == ["a"]
-    assert ids(select["oracle_first"](DOCS, ["thomas mann"])) == ["b"]
-    assert ids(select["oracle_all"](DOCS, ["Thomas Mann"])) == ["b", "c"]
-    assert ids(select["oracle_first"](DOCS, ["Berlin"])) == ["a", "b", "c"]
+    assert ids(select["top_k"](DOCS, question(["Thomas Mann"]))) == ["a", "b", "c"]
+    assert ids(select["first"](DOCS, question(["Thomas Mann"]))) == ["a"]
+    assert ids(select["oracle_first"](DOCS, question(["thomas mann"]))) == ["b"]
+    assert ids(select["oracle_all"](DOCS, question(["Thomas Mann"]))) == ["b", "c"]
+    assert ids(select["oracle_first"](DOCS, question(["Berlin"]))) == ["a", "b", "c"]
+
+
+def test_gold_support_reads_the_first_passage_of_each_supporting_title(monkeypatch):
+    corpus = {"Lübeck": [DOCS[2]], "Thomas Mann": [DOCS[1], DOCS[0]]}
+    monkeypatch.setattr(headroom, "passages_by_title", lambda: corpus)
+    supported = question(["Thomas Mann"], supporting_titles=["Thomas Mann", "Lübeck", "Nowhere"])
+    assert ids(headroom.gold_support(DOCS[:1], supported)) == ["b", "c"]
+    assert ids(headroom.gold_support(DOCS[:1], question(["Thomas Mann"]))) == ["a"]
 
 
 def test_the_reader_sees_only_the_selected_passages():
@@ -44,9 +56,9 @@ def test_the_reader_sees_only_the_selected_passages():
         return "Thomas Mann</answer>"
 
     team = headroom.SelectedRAG(headroom.SELECTIONS["oracle_first"], TeamSettings(top_k=3))
-    question = Question(id="q", question="Which novelist was German?", golden_answers=["Thomas Mann"])
     backends = make_backends({"policy": ScriptedLLM(reader)}, TinyRetriever(PASSAGES))
-    run = run_episodes(team.run, "naive_rag", [question], backends, Sampling(), progress=False)
+    asked = [question(["Thomas Mann"])]
+    run = run_episodes(team.run, "naive_rag", asked, backends, Sampling(), progress=False)
     (episode,), _ = asyncio.run(run)
     assert episode.answer == "Thomas Mann" and len(episode.retrievals[0].passages) == 3
     assert prompts[0].count("Doc ") == 1 and "Thomas Mann was a German novelist" in prompts[0]
