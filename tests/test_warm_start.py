@@ -23,8 +23,9 @@ from searchteam.rl.warm_start import (
     likelihood_samples,
     read_kept,
     round_stats,
+    support_recall,
 )
-from searchteam.types import Episode, Question, Turn
+from searchteam.types import Episode, Passage, Question, Retrieval, Turn
 from tests.test_rl_trainer import tiny_model, tokenizer  # noqa: F401  (the tokenizer fixture)
 
 WARM = WarmStartConfig(min_f1=0.5)
@@ -66,6 +67,31 @@ def test_keep_wants_a_correct_answer_from_parsed_policy_turns() -> None:
     for turn in frozen.turns:
         turn.model = "generator"
     assert not keep(frozen, 1.0, WARM)  # nothing the policy wrote
+
+
+def searched(titles: list[str], supporting: list[str] | None) -> Episode:
+    episode = make_episode("Paris")
+    episode.question.meta["supporting_titles"] = supporting
+    passages = [Passage(id=t, title=t, text="...") for t in titles]
+    episode.retrievals = [
+        Retrieval(query="q1", k=1, passages=passages[:1]),
+        Retrieval(query="q2", k=9, passages=passages[1:]),
+    ]
+    return episode
+
+
+def test_support_recall_keeps_episodes_whose_searches_found_the_supporting_titles() -> None:
+    both, half = (
+        searched(["Paris", "x", "France"], ["France", "Paris"]),
+        searched(["Paris"], ["France", "Paris"]),
+    )
+    assert support_recall(both) == 1.0 and support_recall(half) == 0.5
+    assert support_recall(searched(["Paris"], None)) is None
+    recall = WARM.model_copy(update={"min_f1": 0.0, "min_support_recall": 1.0})
+    assert keep(both, 0.0, recall) and not keep(half, 1.0, recall)
+    assert not keep(searched(["Paris"], None), 1.0, recall)  # no supporting titles: nothing to check it by
+    assert keep(half, 0.6, WARM)  # unset: the answer alone decides
+    assert round_stats([both, half], [0.0, 1.0], [True, False])["support_recall/sampled"] == 0.75
 
 
 def test_round_stats_by_hand() -> None:

@@ -47,6 +47,13 @@ class WarmStartConfig(BaseModel):
     temperature: float = Field(1.0, gt=0.0, le=5.0)
     min_f1: float = Field(0.5, ge=0.0, le=1.0, description="keep episodes whose answer F1 reaches this")
     require_parsed: bool = Field(True, description="keep only episodes whose policy turns all parsed")
+    min_support_recall: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="also keep only episodes whose retrieved passages cover this share of the question's "
+        "supporting_titles (a searcher's recall; questions without them are never kept); unset: no check",
+    )
     teacher: str | None = Field(
         None, description="model whose traces are kept (e.g. qwen2.5-coder-0.5b); default: the policy"
     )

@@ -44,12 +44,27 @@ def policy_turns(episode: Episode, roles: Iterable[str] | None = None) -> list[T
     ]
 
 
+def support_recall(episode: Episode) -> float | None:
+    """Share of the question's supporting titles among the titles of every passage the episode retrieved;
+    None for a question without supporting titles."""
+    titles = set(episode.question.meta.get("supporting_titles") or [])
+    if not titles:
+        return None
+    found = {p.title for r in episode.retrievals for p in r.passages}
+    return len(titles & found) / len(titles)
+
+
 def keep(episode: Episode, score: float, config: WarmStartConfig, roles: Iterable[str] | None = None) -> bool:
     """Rejection sampling's filter: a finished episode with a correct enough answer (F1 ≥ min_f1) whose
-    policy turns all parsed (unless `require_parsed` is off), and with at least one policy turn."""
+    policy turns all parsed (unless `require_parsed` is off), and with at least one policy turn; with
+    `min_support_recall`, its searches must also have found that share of the supporting titles."""
     turns = policy_turns(episode, roles)
     if episode.error or not turns or score < config.min_f1:
         return False
+    if config.min_support_recall is not None:
+        recall = support_recall(episode)
+        if recall is None or recall < config.min_support_recall:
+            return False
     return not config.require_parsed or all(t.parsed_ok for t in turns)
 
 
@@ -64,6 +79,9 @@ def round_stats(
         "kept_share": float(np.mean(kept)) if kept else 0.0,
         "f1/sampled": float(np.mean(scores)) if scores else 0.0,
     }
+    recalls = [r for r in map(support_recall, episodes) if r is not None]
+    if recalls:
+        stats["support_recall/sampled"] = float(np.mean(recalls))
     errors: dict[str, list[bool]] = defaultdict(list)
     lengths: dict[str, list[int]] = defaultdict(list)
     for episode in episodes:
