@@ -8,6 +8,9 @@ selection is a normal eval run under OUT/SELECTION, so `searchteam compare OUT/t
 
     python scripts/evidence_headroom.py --model qwen2.5-coder-0.5b --limit 150 --out runs/headroom
 
+`--support-recall RUN ...` instead counts, for any eval runs, the questions with supporting titles whose
+searches retrieved all of them or at least one (what a searcher found, e.g. QAgent's against naive RAG's).
+
 The oracles read the gold answers or paragraphs, so their runs are upper bounds, not methods.
 docs/training.md ("Where the F1 is lost") has the measurements.
 """
@@ -20,8 +23,9 @@ from functools import cache
 from pathlib import Path
 
 from searchteam.config import load_config
-from searchteam.data import CORPUS_PATH
-from searchteam.eval.runner import evaluate
+from searchteam.data import CORPUS_PATH, load_benchmark
+from searchteam.data.benchmark import MULTI_HOP
+from searchteam.eval.runner import evaluate, read_results
 from searchteam.factory import build_components
 from searchteam.retrieval.corpus import load_corpus
 from searchteam.rewards.metrics import hit
@@ -49,6 +53,20 @@ def gold_support(docs: list[Passage], q: Question) -> list[Passage]:
     """The first corpus passage of each supporting title, in the dataset's order; the top-k without them."""
     found = [passages_by_title().get(title, [])[:1] for title in q.meta.get("supporting_titles", [])]
     return [p for passages in found for p in passages] or docs
+
+
+def support_found(run: Path) -> tuple[int, int, int]:
+    """(questions with supporting titles, those whose searches retrieved all of them, or at least one)."""
+    titles_of = {p.id: p.title for passages in passages_by_title().values() for p in passages}
+    supporting = {q.id: set(q.meta.get("supporting_titles") or []) for q in load_benchmark(MULTI_HOP, "dev")}
+    counted = all_found = any_found = 0
+    for row in read_results(run / "results.jsonl"):
+        wanted = supporting.get(row["id"])
+        if not wanted:
+            continue
+        found = wanted & {titles_of[i] for search in row["searches"] for i in search["ids"]}
+        counted, all_found, any_found = counted + 1, all_found + (found == wanted), any_found + bool(found)
+    return counted, all_found, any_found
 
 
 SELECTIONS: dict[str, Selection] = {
@@ -79,10 +97,18 @@ def main() -> None:
     parser.add_argument("--dataset", default="hotpotqa,2wikimultihopqa")
     parser.add_argument("--limit", type=int, default=150, help="questions per dataset")
     parser.add_argument("--questions", type=Path, help="a question file instead of --dataset/--limit")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, help="folder of the selection runs")
     parser.add_argument("--selections", default="top_k,first,oracle_first,oracle_all", help="comma-separated")
+    parser.add_argument("--support-recall", type=Path, nargs="+", metavar="RUN", help="count found titles")
     args = parser.parse_args()
+    if args.support_recall:
+        for run_dir in args.support_recall:
+            counted, all_found, any_found = support_found(run_dir)
+            print(f"{run_dir}: all supporting titles found {all_found}/{counted}, at least one {any_found}")
+        return
 
+    if args.out is None:
+        parser.error("--out is required to run the selections")
     run = {"method": "naive_rag", "model": args.model, "datasets": args.dataset.split(","), "split": "dev"}
     run |= {"questions": args.questions} if args.questions else {"limit": args.limit}
     components = None

@@ -2,6 +2,7 @@
 
 import asyncio
 import importlib.util
+import json
 from pathlib import Path
 
 from searchteam.llm.base import GenerationRequest
@@ -62,3 +63,19 @@ def test_the_reader_sees_only_the_selected_passages():
     (episode,), _ = asyncio.run(run)
     assert episode.answer == "Thomas Mann" and len(episode.retrievals[0].passages) == 3
     assert prompts[0].count("Doc ") == 1 and "Thomas Mann was a German novelist" in prompts[0]
+
+
+def test_support_found_counts_what_a_run_searches_retrieved(monkeypatch, tmp_path):
+    monkeypatch.setattr(headroom, "passages_by_title", lambda: {p.title: [p] for p in DOCS})
+    asked = [question([], supporting_titles=["Paris", "Lübeck"]), question([])]
+    asked[1].id = "no-titles"
+    monkeypatch.setattr(headroom, "load_benchmark", lambda datasets, split: asked)
+    rows = [
+        {"id": "q", "searches": [{"ids": ["a"]}, {"ids": ["b", "c"]}]},
+        {"id": "no-titles", "searches": [{"ids": ["a"]}]},
+    ]
+    (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert headroom.support_found(tmp_path) == (1, 1, 1)
+    rows[0]["searches"] = [{"ids": ["a", "b"]}]
+    (tmp_path / "results.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    assert headroom.support_found(tmp_path) == (1, 0, 1)
