@@ -350,7 +350,7 @@ def test_train_with_an_unknown_option_says_which_exist(tmp_path: Path) -> None:
     )
     assert line == (
         "error: unknown option 'mod' in options: method 'qagent' has the options mode, max_retries, "
-        "frozen_generator; did you mean 'mode'?"
+        "frozen_generator, question_passages; did you mean 'mode'?"
     )
 
 

@@ -117,6 +117,32 @@ def test_submodule_mode_hands_deduplicated_passages_to_the_generator():
     assert QUESTION.question in prompt and "<plan>" not in prompt and "<information>" not in prompt
 
 
+def test_question_passages_come_first_in_the_generators_passage_set():
+    generator = ScriptedLLM(lambda req: "<answer>Thomas Mann</answer>", name="frozen")
+    agent = ANSWER.replace("<reflection> Thomas Mann was German. </reflection>\n", "")
+    ep, _ = run(
+        lambda req: (
+            "<plan>p</plan><search><query>Paris</query></search>"
+            if "<information>" not in req.continuation
+            else agent
+        ),
+        {"mode": "submodule", "question_passages": 2},
+        generator=generator,
+        top_k=1,
+    )
+    assert [(r.query, r.k) for r in ep.retrievals] == [("Paris", 1), (QUESTION.question, 2)]
+    assert "Which novelist" not in ep.meta["transcript"][1]["text"]  # the agent never sees them
+    prompt = ep.turns[-1].messages[-1]["content"]
+    question_ids = [p.id for p in ep.retrievals[1].passages]
+    assert len(question_ids) == 2 and "3" not in question_ids and prompt.count("Doc ") == 3
+    assert prompt.index("Thomas Mann was a German") < prompt.index("Paris is the capital")
+
+
+def test_question_passages_need_submodule_mode():
+    with pytest.raises(ValueError, match="needs mode: submodule"):
+        get_team("qagent", TeamSettings(options={"question_passages": 2}))
+
+
 def test_submodule_generator_falls_back_to_the_policy_model():
     ep, _ = run(search_then_answer, {"mode": "submodule"})
     assert ep.turns[-1].role == "generator" and ep.turns[-1].model == "policy"

@@ -20,7 +20,11 @@ Options (`settings.options`):
 - `max_retries` (default 2): how many malformed outputs get prompt_rethink (line 16) before giving up;
 - `frozen_generator` (default true, as in §3.4): false leaves the generator's turns trainable, so a run
   can fine-tune the reader on the passage sets the agent gathers (submodule mode only, and only when the
-  policy serves the generator: an `extra_models` generator is never trained; not in the paper).
+  policy serves the generator: an `extra_models` generator is never trained; not in the paper);
+- `question_passages` (default 0, as in the paper): in submodule mode, the generator also reads the
+  question's own top-N passages, placed before the agent's (K starts as R(q) instead of ∅; the agent does
+  not see them; not in the paper: the agent's entity queries find the second hop, one search of the
+  question the first, see docs/training.md).
 `top_k` is passages per query (the paper retrieves 1 per query; that is the default unless set);
 `max_turns` is B (default 4), and, as in line 18, a retry uses up a round.
 
@@ -104,7 +108,7 @@ class QAgent(Team):
     default_top_k = 1  # §4: "we retrieve 1 passage each query"
     roles = ("agent", "generator")
     model_names = ("generator",)
-    option_names = ("mode", "max_retries", "frozen_generator")
+    option_names = ("mode", "max_retries", "frozen_generator", "question_passages")
 
     def __init__(self, settings: TeamSettings | None = None) -> None:
         super().__init__(settings)
@@ -118,6 +122,9 @@ class QAgent(Team):
         if not frozen and self.mode != "submodule":
             raise ValueError("qagent option 'frozen_generator: false' needs mode: submodule")
         self.frozen_generator = frozen
+        self.question_passages = int(self.settings.options.get("question_passages", 0))
+        if self.question_passages < 0 or (self.question_passages and self.mode != "submodule"):
+            raise ValueError("qagent option 'question_passages' must be >= 0 and needs mode: submodule")
 
     async def run(self, q: Question, ctx: Context) -> str:
         messages = self.chat("agent", question=q.question)
@@ -159,6 +166,8 @@ class QAgent(Team):
         if self.mode == "submodule":
             if agent_answer is not None:
                 ctx.episode.meta["agent_answer"] = agent_answer
+            if self.question_passages:
+                found = dedupe(await ctx.search(q.question, self.question_passages) + found)
             return await self._generate(q, found, ctx)  # line 20: Â = G(q, K)
         if agent_answer is None:
             agent_answer = await transcript.force_answer(ctx, "agent", messages, max_new_tokens=ANSWER_TOKENS)
