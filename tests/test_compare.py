@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from searchteam.cli import app
+from searchteam.data.benchmark import answer_form
 from searchteam.eval.compare import (
     CompareError,
     bootstrap_interval,
@@ -115,3 +116,40 @@ def test_compare_command_prints_the_paired_table_and_json(tmp_path: Path) -> Non
     assert table.exit_code == 0 and "B − A" in table.output
     missing = CliRunner().invoke(app, ["compare", str(a), str(tmp_path / "nope")])
     assert missing.exit_code == 2 and "results file" in " ".join(missing.output.split())
+
+
+@pytest.mark.parametrize(
+    ("question", "golden", "form"),
+    [
+        ("Which film came out first, The Bag Man or Pyar Ka Bandhan?", ["Pyar Ka Bandhan"], "two-way"),
+        ("Who was born first, János Damjanich or Bertram J. Rodgers?", ["János Damjanich"], "two-way"),
+        ("Are Ed Wood and Scott Derrickson both American?", ["Yes"], "two-way"),
+        ("Who is the paternal grandfather of Otto of Limburg?", ["Jobst of Limburg"], "open"),
+        ("Was it the novel or the film that won, and who directed it?", ["Ridley Scott"], "open"),
+        ("Is it Paris or Lyon?", ["Parisian"], "open"),  # a whole answer, not part of a word
+    ],
+)
+def test_answer_form_marks_two_way_questions(question: str, golden: list[str], form: str) -> None:
+    assert answer_form(question, golden) == form
+
+
+def test_compare_by_form_slices_two_way_and_open_questions(tmp_path: Path) -> None:
+    def run(path: Path, f1s: list[float]) -> Path:
+        path.mkdir()
+        rows = [
+            {"id": "q1", "dataset": "2wikimultihopqa", "question": "Who was born first, A B or C D?"},
+            {"id": "q2", "dataset": "hotpotqa", "question": "Are A and B both poets?"},
+            {"id": "q3", "dataset": "hotpotqa", "question": "Who directed Alien?"},
+        ]
+        golds = [["C D"], ["no"], ["Ridley Scott"]]
+        scored = zip(rows, golds, f1s, strict=True)
+        lines = [json.dumps(r | {"golden_answers": g, "em": f, "f1": f}) for r, g, f in scored]
+        (path / "results.jsonl").write_text("\n".join(lines) + "\n")
+        return path
+
+    a, b = run(tmp_path / "a", [1, 0, 0]), run(tmp_path / "b", [0, 1, 1])
+    diffs, _ = compare_runs(a, b, ("f1",), by="form")
+    by_slice = {d.slice: (d.n, d.diff) for d in diffs}
+    assert by_slice == {"all": (3, pytest.approx(1 / 3)), "two-way": (2, 0.0), "open": (1, 1.0)}
+    with pytest.raises(CompareError, match="use group, dataset, form or none"):
+        compare_runs(a, b, by="type")

@@ -371,9 +371,12 @@ def compare(
     run_a: Annotated[Path, typer.Argument(help="Baseline eval run directory (or its results.jsonl).")],
     run_b: Annotated[Path, typer.Argument(help="Eval run compared against it, on the same questions.")],
     metric: Annotated[str, typer.Option(help="Metrics of the result rows, comma-separated.")] = "em,f1",
-    by: Annotated[str, typer.Option(help="Slices besides all: group (single/multi-hop), dataset, none.")] = (
-        "group"
-    ),
+    by: Annotated[
+        str,
+        typer.Option(
+            help="Slices besides all: group (single/multi-hop), dataset, form (two-way/open), none."
+        ),
+    ] = "group",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Pair two eval runs question by question: B − A with a 95% bootstrap interval and sign-flip p."""

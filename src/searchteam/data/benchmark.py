@@ -7,6 +7,7 @@ import json
 import logging
 from pathlib import Path
 
+from searchteam.rewards.metrics import normalize_answer
 from searchteam.types import Question
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,17 @@ class DataError(ValueError):
 
 def hop_group(dataset: str) -> str:
     return "multi-hop" if dataset in MULTI_HOP else "single-hop"
+
+
+def answer_form(question: str, golden_answers: list[str]) -> str:
+    """ "two-way" for a question with two possible answers (a gold "yes"/"no", or "X or Y?" naming a gold
+    answer: the comparison questions of HotpotQA and 2WikiMultihopQA, where a guess scores 0.5 EM), else
+    "open". Small readers answer the two-way ones near chance, so they are a slice of their own."""
+    golds = {normalize_answer(g) for g in golden_answers} - {""}
+    if golds & {"yes", "no"}:
+        return "two-way"
+    words = f" {normalize_answer(question)} "
+    return "two-way" if " or " in words and any(f" {g} " in words for g in golds) else "open"
 
 
 def available_datasets(split: str) -> list[str]:

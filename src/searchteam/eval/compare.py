@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from searchteam.data.benchmark import hop_group
+from searchteam.data.benchmark import answer_form, hop_group
 
 RESULTS = "results.jsonl"
 EXACT_SIGN_FLIP = 16  # 2^16 sign patterns enumerate in well under a second
@@ -116,11 +117,19 @@ def paired_diff(slice_name: str, metric: str, a: np.ndarray, b: np.ndarray, seed
     )
 
 
+SLICES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "group": lambda row: hop_group(row["dataset"]),
+    "dataset": lambda row: row["dataset"],
+    "form": lambda row: answer_form(row.get("question", ""), row.get("golden_answers", [])),
+}
+
+
 def compare_runs(
     run_a: Path, run_b: Path, metrics: tuple[str, ...] = ("em", "f1"), by: str = "group", seed: int = 0
 ) -> tuple[list[PairedDiff], dict[str, int]]:
-    """Paired differences B − A per slice (`by`: "group" = single-/multi-hop, "dataset", or "none") and
-    metric, plus how many questions only one run answered (they are left out of every slice)."""
+    """Paired differences B − A per slice (`by`: "group" = single-/multi-hop, "dataset", "form" = two-way
+    or open questions, see `answer_form`, or "none") and metric, plus how many questions only one run
+    answered (they are left out of every slice)."""
     rows_a, rows_b = load_rows(run_a), load_rows(run_b)
     shared = sorted(rows_a.keys() & rows_b.keys())
     if not shared:
@@ -130,9 +139,9 @@ def compare_runs(
             raise CompareError(f"metric {metric!r} is not in both runs' result rows")
     slices: dict[str, list[str]] = {"all": shared}
     if by != "none":
-        key = {"group": lambda r: hop_group(r["dataset"]), "dataset": lambda r: r["dataset"]}.get(by)
+        key = SLICES.get(by)
         if key is None:
-            raise CompareError(f"unknown slice {by!r}: use group, dataset or none")
+            raise CompareError(f"unknown slice {by!r}: use {', '.join(SLICES)} or none")
         for qid in shared:
             slices.setdefault(key(rows_a[qid]), []).append(qid)
     diffs = [
