@@ -4,7 +4,7 @@ from searchteam.data import load_benchmark
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings, get_team
-from searchteam.teams.static_pipeline import parse_selection
+from searchteam.teams.static_pipeline import parse_selection, selection_tokens
 from searchteam.types import Episode, Question
 from tests.helpers import PASSAGES, TinyRetriever
 
@@ -85,3 +85,9 @@ async def test_real_model_runs_the_pipeline(default_llm, bm25):
     assert ep.error is None and isinstance(ep.answer, str)
     assert [t.role for t in ep.turns] == ["qr", "ds", "ag"]
     assert 1 <= len(ep.retrievals) <= 2
+
+
+def test_the_selector_has_room_to_list_every_id_and_close_its_tag():
+    # Qwen2.5's tokenizer spells "<id>0, 1, ..., n-1</id>" in 19 (n = 5), 34 (10) and 74 (20) tokens
+    assert selection_tokens(5) == 32  # the cap before
+    assert selection_tokens(10) == 48 and selection_tokens(20) == 88

@@ -39,7 +39,13 @@ from dataclasses import asdict, dataclass, field
 from searchteam.runtime.context import Context
 from searchteam.teams.base import Team, TeamSettings
 from searchteam.teams.parsing import capped, last_tag, tag_pairs
-from searchteam.teams.static_pipeline import ANSWER_STOP, ID_STOP, apply_selection, numbered_documents
+from searchteam.teams.static_pipeline import (
+    ANSWER_STOP,
+    ID_STOP,
+    apply_selection,
+    numbered_documents,
+    selection_tokens,
+)
 from searchteam.types import Passage, Question
 
 EXECUTORS = ("QR", "QDS", "QDP", "R", "DS", "AG")
@@ -272,7 +278,10 @@ class Jade(Team):
     async def select(self, question: str, docs: list[Passage], ctx: Context) -> list[Passage]:
         fields = {"documents": numbered_documents(docs), "max_id": str(max(len(docs) - 1, 0))}
         turn = await ctx.llm(
-            "ds", self.chat("ds", question=question, **fields), stop=ID_STOP, max_new_tokens=32
+            "ds",
+            self.chat("ds", question=question, **fields),
+            stop=ID_STOP,
+            max_new_tokens=selection_tokens(len(docs)),
         )
         return apply_selection(turn, docs)
 

@@ -36,6 +36,13 @@ ANSWER_STOP = ("</answer>",)
 MAX_QUERIES = 4
 
 
+def selection_tokens(n_docs: int) -> int:
+    """Room for a selector to list every id and close its tag: 32 tokens, or 4 per id beyond 6 ids
+    (Qwen2.5 spells "<id>0, 1, …, 9</id>" in 34 tokens and ids 0-19 in 74; a 0.5B selector over 10
+    documents lists all ten, and at 32 it was cut off before `</id>`)."""
+    return max(32, 8 + 4 * n_docs)
+
+
 @dataclass(frozen=True)
 class Selection:
     """Document ids chosen by a selector, and whether its output followed the format."""
@@ -123,7 +130,7 @@ class StaticPipeline(Team):
                 max_id=str(max(len(candidates) - 1, 0)),
             ),
             stop=ID_STOP,
-            max_new_tokens=32,
+            max_new_tokens=selection_tokens(len(candidates)),
         )
         selected = apply_selection(ds, candidates)
         # Answer Generator: answer from the selected documents only.
