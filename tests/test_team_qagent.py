@@ -138,9 +138,12 @@ def test_question_passages_come_first_in_the_generators_passage_set():
     assert prompt.index("Thomas Mann was a German") < prompt.index("Paris is the capital")
 
 
-def test_question_passages_need_submodule_mode():
+def test_question_passages_need_submodule_mode_and_a_count():
     with pytest.raises(ValueError, match="needs mode: submodule"):
         get_team("qagent", TeamSettings(options={"question_passages": 2}))
+    for bad in (-1, "two", True):
+        with pytest.raises(ValueError, match="whole number >= 0"):
+            get_team("qagent", TeamSettings(options={"mode": "submodule", "question_passages": bad}))
 
 
 def test_submodule_generator_falls_back_to_the_policy_model():

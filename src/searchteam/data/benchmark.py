@@ -27,9 +27,10 @@ def hop_group(dataset: str) -> str:
 
 
 def answer_form(question: str, golden_answers: list[str]) -> str:
-    """ "two-way" for a question with two possible answers (a gold "yes"/"no", or "X or Y?" naming a gold
-    answer: the comparison questions of HotpotQA and 2WikiMultihopQA, where a guess scores 0.5 EM), else
-    "open". Small readers answer the two-way ones near chance, so they are a slice of their own."""
+    """The shape of a question's answer space: "two-way" for two possible answers (a gold "yes"/"no", or
+    "X or Y?" naming a gold answer: the comparison questions of HotpotQA and 2WikiMultihopQA, where a
+    guess scores 0.5 EM), else "open". Small readers answer the two-way ones near chance, so they are a
+    slice of their own."""
     golds = {normalize_answer(g) for g in golden_answers} - {""}
     if golds & {"yes", "no"}:
         return "two-way"

@@ -23,8 +23,8 @@ Options (`settings.options`):
   policy serves the generator: an `extra_models` generator is never trained; not in the paper);
 - `question_passages` (default 0, as in the paper): in submodule mode, the generator also reads the
   question's own top-N passages, placed before the agent's (K starts as R(q) instead of ∅; the agent does
-  not see them; not in the paper: the agent's entity queries find the second hop, one search of the
-  question the first, see docs/training.md).
+  not see them). Not in the paper; with the 0.5B reader it did not raise F1 (docs/training.md, "More
+  passages for the same reader").
 `top_k` is passages per query (the paper retrieves 1 per query; that is the default unless set);
 `max_turns` is B (default 4), and, as in line 18, a retry uses up a round.
 
@@ -122,9 +122,12 @@ class QAgent(Team):
         if not frozen and self.mode != "submodule":
             raise ValueError("qagent option 'frozen_generator: false' needs mode: submodule")
         self.frozen_generator = frozen
-        self.question_passages = int(self.settings.options.get("question_passages", 0))
-        if self.question_passages < 0 or (self.question_passages and self.mode != "submodule"):
-            raise ValueError("qagent option 'question_passages' must be >= 0 and needs mode: submodule")
+        extra = self.settings.options.get("question_passages", 0)
+        if isinstance(extra, bool) or not isinstance(extra, int) or extra < 0:
+            raise ValueError(f"qagent option 'question_passages' must be a whole number >= 0, not {extra!r}")
+        if extra and self.mode != "submodule":
+            raise ValueError("qagent option 'question_passages' needs mode: submodule")
+        self.question_passages = extra
 
     async def run(self, q: Question, ctx: Context) -> str:
         messages = self.chat("agent", question=q.question)
