@@ -115,6 +115,17 @@ async def test_a_fixed_workflow_replaces_the_planner():
     assert ep.states[0]["workflow"] == ["R", "AG"] and ep.answer == "German"
 
 
+async def test_an_extra_model_answers_the_nodes():
+    team = get_team("jade", TeamSettings(top_k=2, options={"workflow": "R, AG"}))
+    reader = ScriptedLLM(lambda request: "<answer>German</answer>", name="reader")
+    llms = {"policy": ScriptedLLM(lambda request: "unused"), "ag": reader}
+    backends = make_backends(llms, TinyRetriever(PASSAGES))
+    episodes, _ = await run_episodes(team.run, team.name, [QUESTION], backends, Sampling(), progress=False)
+    [turn] = episodes[0].turns
+    assert turn.role == "ag" and turn.model == "ag" and len(reader.requests) == 1
+    assert episodes[0].answer == "German"
+
+
 @pytest.mark.parametrize(
     ("workflow", "reason"),
     [("QDS", "cannot decompose"), ("AG, R", "AG must be the last"), ("R, XX", "unknown")],

@@ -21,7 +21,8 @@ of 3), `settings.top_k` passages per retrieval. Episode meta gets `jade_rounds` 
 
 Option `workflow` (an ablation, not in the paper's method): a fixed solving workflow such as "R, AG" that
 replaces the planner in every round, to measure what the learned workflows add over a static pipeline of
-the same executors.
+the same executors. Extra model `ag` (`extra_models: {ag: MODEL}`, not in the paper): another model, e.g.
+a trained reader, runs the answer generator (its turns are never trained); without one the policy does.
 
 Fallbacks (each flags a format error on that turn, never raises):
 - planner: a missing tag, an unknown executor, or a workflow breaking the prompt's rules (QDS/QDP alone;
@@ -180,6 +181,7 @@ class Jade(Team):
     )
     roles = ("planner", "qr", "qds", "qdp", "ds", "ag", "as")
     option_names = ("workflow",)
+    model_names = ("ag",)
 
     def __init__(self, settings: TeamSettings | None = None) -> None:
         super().__init__(settings)
@@ -287,7 +289,7 @@ class Jade(Team):
 
     async def generate(self, question: str, docs: list[Passage], ctx: Context) -> str:
         prompt = self.chat("ag", question=question, documents=numbered_documents(docs))
-        return self.answer_from(await ctx.llm("ag", prompt, stop=ANSWER_STOP, max_new_tokens=48))
+        return self.answer_from(await ctx.llm("ag", prompt, stop=ANSWER_STOP, max_new_tokens=48, model="ag"))
 
     async def summarize(self, trace: Trace, ctx: Context) -> str:
         """AS: the final answer to Q_origin from the sub-questions and their answers (Appendix E.7)."""
