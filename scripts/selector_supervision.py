@@ -22,7 +22,7 @@ from searchteam.retrieval import build_retriever
 from searchteam.retrieval.base import Retriever
 from searchteam.rl.warm_start import save_collected
 from searchteam.teams import get_team
-from searchteam.teams.static_pipeline import numbered_documents
+from searchteam.teams.static_pipeline import selection_fields
 from searchteam.types import Episode, Question, Turn
 
 
@@ -35,10 +35,9 @@ def selection_episodes(questions: list[Question], retriever: Retriever, k: int) 
         gold = [i for i, doc in enumerate(docs) if doc.title in supporting]
         if not gold:
             continue
-        fields = {"documents": numbered_documents(docs), "max_id": str(len(docs) - 1)}
         turn = Turn(
             role="ds",
-            messages=team.chat("ds", question=q.question, **fields),
+            messages=team.chat("ds", question=q.question, **selection_fields(docs)),
             completion=f"<id>{', '.join(map(str, gold))}</id>",
         )
         episodes.append(Episode(question=q, method="jade", turns=[turn], answer=q.golden_answers[0]))

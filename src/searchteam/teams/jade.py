@@ -45,6 +45,7 @@ from searchteam.teams.static_pipeline import (
     ID_STOP,
     apply_selection,
     numbered_documents,
+    selection_fields,
     selection_tokens,
 )
 from searchteam.types import Passage, Question
@@ -278,10 +279,9 @@ class Jade(Team):
         return rewritten or query
 
     async def select(self, question: str, docs: list[Passage], ctx: Context) -> list[Passage]:
-        fields = {"documents": numbered_documents(docs), "max_id": str(max(len(docs) - 1, 0))}
         turn = await ctx.llm(
             "ds",
-            self.chat("ds", question=question, **fields),
+            self.chat("ds", question=question, **selection_fields(docs)),
             stop=ID_STOP,
             max_new_tokens=selection_tokens(len(docs)),
         )

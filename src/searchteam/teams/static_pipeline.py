@@ -59,6 +59,11 @@ def numbered_documents(passages: list[Passage]) -> str:
     return "\n".join(f"Document{i} (Title: {p.title}) {p.text}" for i, p in enumerate(passages))
 
 
+def selection_fields(passages: list[Passage]) -> dict[str, str]:
+    """The selector prompt's fields for these candidates: the numbered documents and the highest id."""
+    return {"documents": numbered_documents(passages), "max_id": str(max(len(passages) - 1, 0))}
+
+
 def parse_selection(text: str, n: int) -> Selection:
     """Ids inside `<id>…</id>` ("0, 2", "Document0, Document2" and "Doc 2" all read as ids).
 
@@ -123,12 +128,7 @@ class StaticPipeline(Team):
         # Document Selector: keep the candidates that help answer the question.
         ds = await ctx.llm(
             "ds",
-            self.chat(
-                "ds",
-                question=q.question,
-                documents=numbered_documents(candidates),
-                max_id=str(max(len(candidates) - 1, 0)),
-            ),
+            self.chat("ds", question=q.question, **selection_fields(candidates)),
             stop=ID_STOP,
             max_new_tokens=selection_tokens(len(candidates)),
         )
