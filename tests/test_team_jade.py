@@ -229,3 +229,65 @@ async def test_real_model_runs_jade(default_llm, bm25):
     assert ep.turns[0].role == "planner"
     assert {t.role for t in ep.turns} <= {"planner", "qr", "qds", "qdp", "ds", "ag", "as"}
     assert 1 <= ep.meta["jade_rounds"] <= 2 and len(ep.states) == ep.meta["jade_rounds"]
+
+
+def given(questions: list[str], mode: str | None = None) -> Question:
+    meta = {"subquestions": questions} | ({"subquestion_mode": mode} if mode else {})
+    return QUESTION.model_copy(update={"meta": meta})
+
+
+async def run_given(question: Question, script: dict[str, list[str]]) -> Episode:
+    team = get_team("jade", TeamSettings(top_k=2, options={"workflow": "R, AG", "decomposition": "given"}))
+    backends = make_backends({"policy": by_prompt(team, script)}, TinyRetriever(PASSAGES))
+    episodes, _ = await run_episodes(team.run, team.name, [question], backends, Sampling(), progress=False)
+    return episodes[0]
+
+
+async def test_a_given_decomposition_replaces_the_planners_first_round():
+    ep = await run_given(
+        given(["Which country was Thomas Mann from?", "Which country is David Guterson from?"]),
+        {"ag": ["<answer>Germany</answer>", "<answer>USA</answer>"], "as": ["<answer>Thomas Mann</answer>"]},
+    )
+    assert [t.role for t in ep.turns] == ["ag", "ag", "as"] and ep.answer == "Thomas Mann"
+    assert [r.query for r in ep.retrievals] == [
+        "Which country was Thomas Mann from?",
+        "Which country is David Guterson from?",
+    ]
+    assert [n["mode"] for n in ep.states[0]["trace"]] == ["root", "parallel", "parallel"]
+    assert ep.meta == {"jade_rounds": 2, "jade_retrievals": 2, "jade_given": True}
+
+
+async def test_given_serial_subquestions_are_rewritten_with_earlier_answers():
+    ep = await run_given(
+        given(["Who wrote Buddenbrooks?", "What nationality was this novelist?"], "serial"),
+        {
+            "qr_serial": ["<query>Nationality of Thomas Mann</query>"],
+            "ag": ["<answer>Thomas Mann</answer>", "<answer>German</answer>"],
+            "as": ["<answer>German</answer>"],
+        },
+    )
+    assert [t.role for t in ep.turns] == ["ag", "qr", "ag", "as"]
+    assert ep.retrievals[1].query == "Nationality of Thomas Mann" and ep.answer == "German"
+
+
+async def test_a_question_without_subquestions_is_planned_as_usual():
+    ep = await run_given(QUESTION, {"ag": ["<answer>German</answer>"]})
+    assert [t.role for t in ep.turns] == ["ag"] and ep.meta["jade_given"] is False
+
+
+@pytest.mark.parametrize(
+    ("meta", "reason"),
+    [
+        ({"subquestions": "Who wrote it?"}, "non-empty list"),
+        ({"subquestions": ["Who wrote it?", ""]}, "non-empty list"),
+        ({"subquestions": ["Who wrote it?"], "subquestion_mode": "nested"}, "'parallel' or 'serial'"),
+    ],
+)
+async def test_a_malformed_given_decomposition_fails_the_question_with_a_clear_error(meta, reason):
+    ep = await run_given(QUESTION.model_copy(update={"meta": meta}), {"ag": ["<answer>German</answer>"]})
+    assert reason in ep.error and "question q" in ep.error
+
+
+def test_the_decomposition_source_must_be_known():
+    with pytest.raises(ValueError, match="'decomposition' must be one of planner, given"):
+        get_team("jade", TeamSettings(options={"decomposition": "oracle"}))

@@ -23,6 +23,11 @@ Option `workflow` (an ablation, not in the paper's method): a fixed solving work
 replaces the planner in every round, to measure what the learned workflows add over a static pipeline of
 the same executors. Extra model `ag` (`extra_models: {ag: MODEL}`, not in the paper): another model, e.g.
 a trained reader, runs the answer generator (its turns are never trained); without one the policy does.
+Option `decomposition: given` (an ablation, not in the paper): a question that carries its own sub-questions
+(question-file fields `subquestions`, a list, and `subquestion_mode`, "parallel" by default or "serial")
+starts from that decomposition instead of the planner's first round, e.g. to measure the rest of the team
+under a perfect decomposer (`scripts/comparison_decompositions.py` writes such files); a question without
+`subquestions` is planned as usual. Episode meta `jade_given` says which.
 
 Fallbacks (each flags a format error on that turn, never raises):
 - planner: a missing tag, an unknown executor, or a workflow breaking the prompt's rules (QDS/QDP alone;
@@ -55,6 +60,7 @@ ALIASES = {"RA": "R"}  # Table 1 calls the retriever RA, the planner prompt call
 DECOMPOSERS = ("QDS", "QDP")
 FALLBACK_WORKFLOW = ("R", "AG")
 MAX_SUBQUESTIONS = 4  # Appendix E.3/E.4: "max 4"
+DECOMPOSITION_SOURCES = ("planner", "given")
 
 
 @dataclass(frozen=True)
@@ -175,21 +181,43 @@ def qa_lines(nodes: list[Node]) -> str:
     )
 
 
+def given_subquestions(q: Question) -> tuple[list[str], str] | None:
+    """The question file's own decomposition (`subquestions`, `subquestion_mode`), if it has one."""
+    questions = q.meta.get("subquestions")
+    if questions is None:
+        return None
+    mode = q.meta.get("subquestion_mode", "parallel")
+    if not (isinstance(questions, list) and questions and all(isinstance(s, str) and s for s in questions)):
+        raise ValueError(f"question {q.id}: 'subquestions' must be a non-empty list of non-empty strings")
+    if mode not in ("parallel", "serial"):
+        raise ValueError(f"question {q.id}: 'subquestion_mode' must be 'parallel' or 'serial', not {mode!r}")
+    return questions[:MAX_SUBQUESTIONS], mode
+
+
 class Jade(Team):
     name = "jade"
     description = (
         "JADE: a planner builds a workflow per sub-query (rewrite, decompose, retrieve, select, answer)."
     )
     roles = ("planner", "qr", "qds", "qdp", "ds", "ag", "as")
-    option_names = ("workflow",)
+    option_names = ("workflow", "decomposition")
     model_names = ("ag",)
 
     def __init__(self, settings: TeamSettings | None = None) -> None:
         super().__init__(settings)
         self.fixed_workflow = fixed_workflow(self.settings.options.get("workflow"))
+        self.decomposition = self.settings.options.get("decomposition", "planner")
+        if self.decomposition not in DECOMPOSITION_SOURCES:
+            raise ValueError(
+                f"jade option 'decomposition' must be one of {', '.join(DECOMPOSITION_SOURCES)}, "
+                f"not {self.decomposition!r}"
+            )
 
     async def run(self, q: Question, ctx: Context) -> str:
         trace = Trace.start(q.question)  # Alg. 1 lines 2-3
+        given = given_subquestions(q) if self.decomposition == "given" else None
+        if given:
+            trace.expand(trace.root, *given)
         rounds = retrievals = 0
         while (node := trace.first_unsolved()) and rounds < self.settings.max_turns:  # lines 4, 27
             ctx.step = rounds
@@ -200,6 +228,8 @@ class Jade(Team):
                 {"round": rounds, "target": node.id, "workflow": list(workflow), "trace": trace.as_dicts()}
             )
         ctx.episode.meta.update(jade_rounds=rounds, jade_retrievals=retrievals)
+        if self.decomposition == "given":
+            ctx.episode.meta["jade_given"] = given is not None
         ctx.step = rounds
         if trace.root.status == "solved":
             return trace.root.answer or ""
