@@ -26,7 +26,7 @@ a trained reader, runs the answer generator (its turns are never trained); witho
 Option `decomposition: given` (an ablation, not in the paper): a question that carries its own sub-questions
 (question-file fields `subquestions`, a list, and `subquestion_mode`, "parallel" by default or "serial")
 starts from that decomposition instead of the planner's first round, e.g. to measure the rest of the team
-under a perfect decomposer (`scripts/comparison_decompositions.py` writes such files); a question without
+under a perfect decomposer (`scripts/template_decompositions.py` writes such files); a question without
 `subquestions` is planned as usual. Episode meta `jade_given` says which.
 
 Fallbacks (each flags a format error on that turn, never raises):

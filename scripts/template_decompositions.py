@@ -1,19 +1,21 @@
-"""Comparison questions with the decomposition a perfect decomposer would write, and what a team does with
-it. 2WikiMultihopQA asks most of its two-way questions from a few templates ("Which film came out first,
-A or B?", "Who died later, A or B?", "Which film has the director born earlier, A or B?"); each is decided
-by two dates. `write` keeps the questions of a split that match a template and adds their sub-questions
-(question-file fields `subquestions`, `subquestion_mode`, and `options`, `wants`: the two named answers and
-whether the earlier or the later date wins), for JADE's option `decomposition: given`:
+"""2WikiMultihopQA questions with the decomposition a perfect decomposer would write, and what a team does
+with it. 2WikiMultihopQA asks most of its questions from a few templates. Comparisons ("Which film came out
+first, A or B?", "Who died later, A or B?", "Which film has the director born earlier, A or B?") are
+decided by two dates; chains ("Who is the paternal grandfather of P?", "What is the place of birth of the
+director of film F?") are two serial hops. `write` keeps the questions of a split that match a template of
+the kinds asked for and adds their sub-questions (question-file fields `subquestions`, `subquestion_mode`;
+comparisons also `options` and `wants`: the two named answers and whether the earlier or the later date
+wins), for JADE's option `decomposition: given`:
 
-    python scripts/comparison_decompositions.py write --split dev --out runs/cmp/dev.jsonl
+    python scripts/template_decompositions.py write --split dev --out runs/cmp/dev.jsonl [--kinds chain]
     searchteam eval --config CONFIG --questions runs/cmp/dev.jsonl --out runs/cmp/jade
-    python scripts/comparison_decompositions.py report runs/cmp/jade --questions runs/cmp/dev.jsonl
+    python scripts/template_decompositions.py report runs/cmp/jade --questions runs/cmp/dev.jsonl
 
 with CONFIG `{method: jade, model: qwen2.5-coder-0.5b, max_turns: 6, top_k: 3, options: {workflow: "R, AG",
-decomposition: given}}`. `report` reads each episode's last trace: where the two halves of the sub-answers
-carry two different years, comparing them gives an answer ("the facts decide"); it counts how often that
-answer is the gold one (the facts were right) and how often the team's final answer agrees with it (the
-summarizer compared them). docs/training.md ("Comparison questions") has the measurements.
+decomposition: given}}`. `report` (comparisons) reads each episode's last trace: where the two halves of
+the sub-answers carry two different years, comparing them gives an answer ("the facts decide"); it counts
+how often that answer is the gold one (the facts were right) and how often the team's final answer agrees
+with it (the summarizer compared them). docs/training.md ("Decomposed right") has the measurements.
 """
 
 from __future__ import annotations
@@ -56,11 +58,23 @@ TEMPLATES: dict[str, tuple[str, str, list[str]]] = {
         + ["Who directed the film {b}?", "When did this director die?"],
     ),
 }
+# 2WikiMultihopQA's compositional questions, two serial hops each: a relative, or a fact about the
+# director/performer/composer of a work.
+KIN = {
+    "paternal grandfather": ("father", "father"),
+    "paternal grandmother": ("father", "mother"),
+    "maternal grandfather": ("mother", "father"),
+    "maternal grandmother": ("mother", "mother"),
+    "father-in-law": ("spouse", "father"),
+    "mother-in-law": ("spouse", "mother"),
+    "stepmother": ("father", "spouse"),
+}
+RELATIVE = r"^Who is the (?P<kin>" + "|".join(KIN) + r") of (?P<x>.+?)\?$"
+MAKER = r"^(?P<ask>.+?) (?:the )?(?P<maker>director|performer|composer) of (?P<work>film|song) (?P<x>.+?)\?$"
 YEAR = re.compile(r"\b(1\d{3}|20\d{2})\b")
 
 
-def decomposition(question: str) -> dict | None:
-    """The question-file fields for a question that matches a template, else None."""
+def comparison(question: str) -> dict | None:
     for name, (pattern, mode, subquestions) in TEMPLATES.items():
         if match := re.match(pattern, question):
             a, b = match["a"].strip(), match["b"].strip()
@@ -74,12 +88,32 @@ def decomposition(question: str) -> dict | None:
     return None
 
 
-def write(split: str, datasets: list[str], out: Path) -> None:
+def chain(question: str) -> dict | None:
+    if match := re.match(RELATIVE, question):
+        first, second = KIN[match["kin"]]
+        subquestions = [f"Who is the {first} of {match['x']}?", f"Who is the {second} of this person?"]
+        return {"template": "relative", "subquestions": subquestions, "subquestion_mode": "serial"}
+    if match := re.match(MAKER, question):
+        maker, work = match["maker"], match["work"]
+        subquestions = [f"Who is the {maker} of the {work} {match['x']}?", f"{match['ask']} this {maker}?"]
+        return {"template": f"{maker}'s fact", "subquestions": subquestions, "subquestion_mode": "serial"}
+    return None
+
+
+KINDS = {"comparison": comparison, "chain": chain}
+
+
+def decomposition(question: str, kinds: tuple[str, ...] = ("comparison",)) -> dict | None:
+    """The question-file fields for a question that matches a template of those kinds, else None."""
+    return next((fields for kind in kinds if (fields := KINDS[kind](question))), None)
+
+
+def write(split: str, datasets: list[str], kinds: tuple[str, ...], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     counts: Counter[str] = Counter()
     with out.open("w") as fh:
         for q in load_benchmark(datasets, split):
-            if fields := decomposition(q.question):
+            if fields := decomposition(q.question, kinds):
                 counts[fields["template"]] += 1
                 row = {"id": q.id, "dataset": q.dataset, "question": q.question}
                 fh.write(json.dumps(row | {"golden_answers": q.golden_answers} | fields) + "\n")
@@ -128,13 +162,14 @@ def main() -> None:
     writer = commands.add_parser("write", help="a question file with the template decompositions")
     writer.add_argument("--split", default="dev")
     writer.add_argument("--datasets", default="2wikimultihopqa,hotpotqa")
+    writer.add_argument("--kinds", default="comparison", help="comparison, chain, or both (comma-separated)")
     writer.add_argument("--out", type=Path, required=True)
     reader = commands.add_parser("report", help="what eval runs on such a file did with the decompositions")
     reader.add_argument("runs", type=Path, nargs="+")
     reader.add_argument("--questions", type=Path, required=True, help="the file the runs answered")
     args = parser.parse_args()
     if args.command == "write":
-        write(args.split, args.datasets.split(","), args.out)
+        write(args.split, args.datasets.split(","), tuple(args.kinds.split(",")), args.out)
     else:
         for run in args.runs:
             report(run, args.questions)

@@ -1,5 +1,5 @@
-"""scripts/comparison_decompositions.py: template decompositions and the facts-decide count, on constructed
-questions and runs."""
+"""scripts/template_decompositions.py: comparison and chain decompositions and the facts-decide count, on
+constructed questions and runs."""
 
 import importlib.util
 import json
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "comparison_decompositions.py"
-spec = importlib.util.spec_from_file_location("comparison_decompositions", SCRIPT)
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "template_decompositions.py"
+spec = importlib.util.spec_from_file_location("template_decompositions", SCRIPT)
 comparison = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(comparison)
 
@@ -89,3 +89,34 @@ def test_report_counts_rightly_decided_questions_and_answers_that_follow_them(tm
     out = capsys.readouterr().out
     assert "n 4, EM 0.250, answer names an option 3, the facts decide 3, rightly 2" in out
     assert "follows them on 1 of those 2" in out
+
+
+@pytest.mark.parametrize(
+    ("question", "template", "subquestions"),
+    [
+        (
+            "Who is the paternal grandmother of Otto Of Limburg?",
+            "relative",
+            ["Who is the father of Otto Of Limburg?", "Who is the mother of this person?"],
+        ),
+        (
+            "Who is the father-in-law of Sisowath Kossamak?",
+            "relative",
+            ["Who is the spouse of Sisowath Kossamak?", "Who is the father of this person?"],
+        ),
+        (
+            "What is the place of birth of the director of film Preston Tylk?",
+            "director's fact",
+            ["Who is the director of the film Preston Tylk?", "What is the place of birth of this director?"],
+        ),
+        (
+            "What nationality is the performer of song Gone Fishin' (Song)?",
+            "performer's fact",
+            ["Who is the performer of the song Gone Fishin' (Song)?", "What nationality is this performer?"],
+        ),
+    ],
+)
+def test_a_compositional_question_becomes_a_two_hop_serial_chain(question, template, subquestions):
+    assert comparison.decomposition(question) is None  # chains are written only when asked for
+    fields = comparison.decomposition(question, ("comparison", "chain"))
+    assert fields == {"template": template, "subquestions": subquestions, "subquestion_mode": "serial"}
