@@ -33,6 +33,7 @@ from searchteam.eval.runner import read_results
 OPTIONS = r",?\s*(?P<a>.+?) or (?P<b>.+?)\?*$"
 DIRECTOR = r"^Which film (?:has the director|whose director was|has the director who was|whose director) "
 WHEN = r"(?P<wants>first|earlier|later|more recently)"
+# 2WikiMultihopQA's comparisons: the option whose date is earlier (or later) is the answer.
 TEMPLATES: dict[str, tuple[str, str, list[str]]] = {
     "film released": (
         r"^Which film (?:was released|came out) " + WHEN + OPTIONS,
@@ -136,8 +137,9 @@ def decided_by_facts(row: dict, fields: dict) -> str | None:
 
 
 def report(run: Path, question_file: Path) -> None:
-    rows = read_results(run / "results.jsonl")
+    """Counts over the run's comparison questions (chains have no options to follow)."""
     questions = {q["id"]: q for q in map(json.loads, question_file.read_text().splitlines())}
+    rows = [row for row in read_results(run / "results.jsonl") if "options" in questions.get(row["id"], {})]
     norm = normalize_answer
     names_option = decided = facts_right = agrees = 0
     for row in rows:
@@ -169,6 +171,8 @@ def main() -> None:
     reader.add_argument("--questions", type=Path, required=True, help="the file the runs answered")
     args = parser.parse_args()
     if args.command == "write":
+        if unknown := set(args.kinds.split(",")) - set(KINDS):
+            parser.error(f"unknown --kinds {', '.join(sorted(unknown))}; choose from {', '.join(KINDS)}")
         write(args.split, args.datasets.split(","), tuple(args.kinds.split(",")), args.out)
     else:
         for run in args.runs:

@@ -77,6 +77,7 @@ def test_report_counts_rightly_decided_questions_and_answers_that_follow_them(tm
         row(["2012", "1969"], "Dead Mine", "Witch Story"),  # decided rightly, not followed
         row(["1969", "2012"], "Dead Mine", "Witch Story"),  # decided wrongly (a wrong fact), followed
         row(["no idea", "1969"], "1969", "Witch Story"),  # undecided, names no option
+        row(["Norodom Suramarit", "Carl Jung"], "Carl Jung", "Norodom Sutharot"),  # a chain: not counted
     ]
     run = tmp_path / "run"
     run.mkdir()
@@ -84,7 +85,9 @@ def test_report_counts_rightly_decided_questions_and_answers_that_follow_them(tm
         r["id"] = f"q{i}"
     (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     questions = tmp_path / "questions.jsonl"
-    questions.write_text("".join(json.dumps({"id": f"q{i}"} | FILM) + "\n" for i in range(4)))
+    chain = {"id": "q4"} | comparison.decomposition("Who is the father-in-law of P?", ("chain",))
+    lines = [json.dumps({"id": f"q{i}"} | FILM) for i in range(4)] + [json.dumps(chain)]
+    questions.write_text("\n".join(lines) + "\n")
     comparison.report(run, questions)
     out = capsys.readouterr().out
     assert "n 4, EM 0.250, answer names an option 3, the facts decide 3, rightly 2" in out
