@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 from searchteam.data import load_benchmark
-from searchteam.data.benchmark import normalize_answer
+from searchteam.data.benchmark import load_questions, normalize_answer
 from searchteam.eval.runner import read_results
 
 OPTIONS = r",?\s*(?P<a>.+?) or (?P<b>.+?)\?*$"
@@ -116,8 +116,13 @@ def write(split: str, datasets: list[str], kinds: tuple[str, ...], out: Path) ->
         for q in load_benchmark(datasets, split):
             if fields := decomposition(q.question, kinds):
                 counts[fields["template"]] += 1
-                row = {"id": q.id, "dataset": q.dataset, "question": q.question}
-                fh.write(json.dumps(row | {"golden_answers": q.golden_answers} | fields) + "\n")
+                row = {
+                    "id": q.id,
+                    "dataset": q.dataset,
+                    "question": q.question,
+                    "golden_answers": q.golden_answers,
+                }
+                fh.write(json.dumps(row | fields) + "\n")
     print(f"{out}: {sum(counts.values())} questions " + ", ".join(f"{k} {v}" for k, v in counts.items()))
 
 
@@ -138,7 +143,7 @@ def decided_by_facts(row: dict, fields: dict) -> str | None:
 
 def report(run: Path, question_file: Path) -> None:
     """Counts over the run's comparison questions (chains have no options to follow)."""
-    questions = {q["id"]: q for q in map(json.loads, question_file.read_text().splitlines())}
+    questions = {q.id: q.meta for q in load_questions(question_file)}
     rows = [row for row in read_results(run / "results.jsonl") if "options" in questions.get(row["id"], {})]
     norm = normalize_answer
     names_option = decided = facts_right = agrees = 0
@@ -171,9 +176,10 @@ def main() -> None:
     reader.add_argument("--questions", type=Path, required=True, help="the file the runs answered")
     args = parser.parse_args()
     if args.command == "write":
-        if unknown := set(args.kinds.split(",")) - set(KINDS):
+        kinds = tuple(args.kinds.split(","))
+        if unknown := set(kinds) - set(KINDS):
             parser.error(f"unknown --kinds {', '.join(sorted(unknown))}; choose from {', '.join(KINDS)}")
-        write(args.split, args.datasets.split(","), tuple(args.kinds.split(",")), args.out)
+        write(args.split, args.datasets.split(","), kinds, args.out)
     else:
         for run in args.runs:
             report(run, args.questions)

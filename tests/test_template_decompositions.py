@@ -86,7 +86,12 @@ def test_report_counts_rightly_decided_questions_and_answers_that_follow_them(tm
     (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     questions = tmp_path / "questions.jsonl"
     chain = {"id": "q4"} | comparison.decomposition("Who is the father-in-law of P?", ("chain",))
-    lines = [json.dumps({"id": f"q{i}"} | FILM) for i in range(4)] + [json.dumps(chain)]
+    film = {
+        "question": "Which film came out earlier, Dead Mine or Witch Story?",
+        "golden_answers": ["x"],
+    } | FILM
+    chain |= {"question": "Who is the father-in-law of P?", "golden_answers": ["x"]}
+    lines = [json.dumps({"id": f"q{i}"} | film) for i in range(4)] + [json.dumps(chain)]
     questions.write_text("\n".join(lines) + "\n")
     comparison.report(run, questions)
     out = capsys.readouterr().out
