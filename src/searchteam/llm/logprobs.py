@@ -2,9 +2,12 @@
 
 A causal LM's logits over a whole batch cost B·T·V floats (49k-152k vocabulary): for a batch of long
 agent prompts that is gigabytes. Only the completion positions are needed, so we run the decoder, pick
-the hidden states at those positions and project just them through the LM head (B·C·V floats). This
-holds for decoder-only models whose logits are `lm_head(last_hidden_state)` (Llama, Qwen, SmolLM, Mistral);
-models that rescale or soft-cap logits after the head are not supported.
+the hidden states at those positions and project just them through the LM head, in fp32 (a bf16 logit
+of magnitude 20 is only good to ±0.06) and a fixed chunk of positions at a time: the forward pass holds one
+chunk's logits, and the backward pass recomputes each chunk's logits (activation checkpointing) instead of
+keeping B·C·V floats alive. The entropy of the next-token distribution is computed only when asked for.
+This holds for decoder-only models whose logits are `lm_head(last_hidden_state)` (Llama, Qwen, SmolLM,
+Mistral); models that rescale or soft-cap logits after the head are not supported.
 """
 
 from __future__ import annotations
@@ -14,8 +17,13 @@ from typing import Literal
 
 import torch
 from torch import nn
+from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 EntropyMode = Literal["none", "detached", "grad"]
+
+# Positions projected at once: 256 × 151936 (Qwen's vocabulary) fp32 logits are 156 MB.
+CHUNK_POSITIONS = 256
 
 
 def chosen_token_logprobs(
@@ -49,26 +57,111 @@ def chosen_token_stats(
     temperature: float = 1.0,
     *,
     entropy: EntropyMode = "none",
+    mask: torch.Tensor | None = None,
+    chunk_positions: int = CHUNK_POSITIONS,
 ) -> TokenStats:
-    """`chosen_token_logprobs` plus, optionally, H = −Σ_v π(v) log π(v) at each completion position from the
-    same projected logits: `"grad"` keeps it differentiable (entropy bonus), `"detached"` only measures it
-    (no B·C·V tensors kept for the backward pass)."""
+    """`chosen_token_logprobs` plus, optionally, H = −Σ_v π(v) log π(v) at each completion position:
+    `"grad"` keeps it differentiable (entropy bonus), `"detached"` only measures it. `mask` [B, C] (e.g. the
+    loss mask) skips the positions where it is 0 (padding, environment text): their logprob and entropy
+    are 0 and they cost no projection."""
     hidden = model.get_decoder()(
         input_ids=input_ids, attention_mask=attention_mask, use_cache=False
     ).last_hidden_state
     picked = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
-    logits = model.get_output_embeddings()(picked).float() / temperature
     tokens = input_ids.gather(1, positions + 1)
-    log_norm = torch.logsumexp(logits, dim=-1)
-    logprobs = logits.gather(-1, tokens[..., None]).squeeze(-1) - log_norm
-    out = TokenStats(logprobs, hidden)
-    if entropy != "none":
-        with torch.set_grad_enabled(torch.is_grad_enabled() and entropy == "grad"):
-            out.entropy = token_entropy(logits)
-    return out
+    logprobs, ent = projected_stats(
+        model.get_output_embeddings(),
+        picked,
+        tokens,
+        temperature,
+        entropy=entropy,
+        mask=mask,
+        chunk_positions=chunk_positions,
+    )
+    return TokenStats(logprobs, hidden, ent)
+
+
+def projected_stats(
+    head: nn.Module,
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float = 1.0,
+    *,
+    entropy: EntropyMode = "none",
+    mask: torch.Tensor | None = None,
+    chunk_positions: int = CHUNK_POSITIONS,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprob of `tokens` [B, C] and (if asked) entropy under softmax(head(hidden) / temperature) for
+    hidden states [B, C, H], projected in fp32 `chunk_positions` positions at a time."""
+    batch_shape = tokens.shape
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+    flat_tokens = tokens.reshape(-1)
+    keep = None if mask is None else mask.reshape(-1).nonzero().squeeze(-1)
+    if keep is not None:
+        flat_hidden, flat_tokens = flat_hidden[keep], flat_tokens[keep]
+    pieces = [
+        _chunk(
+            head,
+            flat_hidden[i : i + chunk_positions],
+            flat_tokens[i : i + chunk_positions],
+            temperature,
+            entropy,
+        )
+        for i in range(0, flat_tokens.numel(), chunk_positions)
+    ]
+    logprobs = _join([p[0] for p in pieces], flat_hidden.device)
+    ent = _join([p[1] for p in pieces], flat_hidden.device) if entropy != "none" else None
+    if keep is not None:
+        logprobs = _scatter(logprobs, keep, batch_shape.numel())
+        ent = None if ent is None else _scatter(ent, keep, batch_shape.numel())
+    return logprobs.view(batch_shape), None if ent is None else ent.view(batch_shape)
+
+
+def _chunk(
+    head: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float, entropy: EntropyMode
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One chunk's stats; under autograd its logits are recomputed at backward time, not stored."""
+    needs_grad = torch.is_grad_enabled() and (
+        hidden.requires_grad or any(p.requires_grad for p in head.parameters())
+    )
+    if not needs_grad:
+        return _stats(head, hidden, tokens, temperature, entropy)
+    return checkpoint(_stats, head, hidden, tokens, temperature, entropy, use_reentrant=False)
+
+
+def _stats(
+    head: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float, entropy: EntropyMode
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    logits = fp32_logits(head, hidden) / temperature
+    logprobs = logits.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    if entropy == "none":
+        return logprobs, None
+    with torch.set_grad_enabled(torch.is_grad_enabled() and entropy == "grad"):
+        return logprobs, token_entropy(logits)
+
+
+def fp32_logits(head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """head(hidden) computed in fp32 whatever the weights' dtype or an enclosing autocast: bf16 × bf16
+    products are exact in fp32, so this equals the full-precision logits of the bf16 model."""
+    with torch.autocast(hidden.device.type, enabled=False):
+        if isinstance(head, nn.Linear):
+            bias = None if head.bias is None else head.bias.float()
+            return F.linear(hidden.float(), head.weight.float(), bias)
+        weight = next(head.parameters())  # a wrapped head (e.g. a LoRA layer): run it, upcast the output
+        return head(hidden.to(weight.dtype)).float()
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of softmax(logits) over the last dimension."""
     logp = torch.log_softmax(logits, dim=-1)
     return -(logp.exp() * logp).sum(-1)
+
+
+def _join(parts: list[torch.Tensor | None], device: torch.device) -> torch.Tensor:
+    tensors = [p for p in parts if p is not None]
+    return torch.cat(tensors) if tensors else torch.zeros(0, device=device)
+
+
+def _scatter(values: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:
+    """A length-`size` vector holding `values` at `index` and 0 elsewhere (differentiable in `values`)."""
+    return torch.zeros(size, dtype=values.dtype, device=values.device).index_copy(0, index, values)
