@@ -17,7 +17,12 @@ class LLMError(RuntimeError):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Decoding settings; requests with equal params can share one batched generate call."""
+    """Decoding settings; requests with equal params can share one batched generate call.
+
+    These are all there is: every backend samples from the plain temperature softmax (nucleus-truncated when
+    `top_p` < 1), the distribution the trainer scores, and sets every other sampling knob of its engine to
+    off (top-k, min-p, repetition/presence/frequency penalties) instead of inheriting the model's
+    generation_config defaults."""
 
     max_new_tokens: int = 256
     temperature: float = 0.0
@@ -64,6 +69,12 @@ def render_chat(tokenizer, request: GenerationRequest) -> str:
     generation prompt, plus any assistant continuation."""
     text = tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True)
     return text + request.continuation
+
+
+def render_prompt_ids(tokenizer, request: GenerationRequest) -> list[int]:
+    """The prompt's token ids as every client-side renderer feeds them: `render_chat`'s text tokenized
+    without adding special tokens (the template already holds them; adding a BOS again would double it)."""
+    return list(tokenizer(render_chat(tokenizer, request), add_special_tokens=False)["input_ids"])
 
 
 def text_decoder(tokenizer) -> Callable[[list[int]], str]:

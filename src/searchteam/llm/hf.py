@@ -23,6 +23,52 @@ from searchteam.llm.models import resolve_model
 LOGPROB_CHUNK = 8  # completions per teacher-forced pass when logprobs are requested
 
 
+# Every generation_config field that reshapes the next-token distribution, at its off value: `generate`
+# fills what a call leaves unset from the model's generation_config (Qwen2.5-Instruct: top_k=20,
+# repetition_penalty=1.05; the global default is top_k=50), and the trainer scores the plain softmax.
+NEUTRAL_GENERATION: dict[str, object] = {
+    "top_k": None,
+    "min_p": None,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "top_h": None,
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "sequence_bias": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "min_length": 0,
+    "min_new_tokens": None,
+    "exponential_decay_length_penalty": None,
+    "renormalize_logits": False,
+    "guidance_scale": None,
+    "watermarking_config": None,
+}
+
+
+def generation_kwargs(sampling: SamplingParams, pad_token_id: int | None = None) -> dict[str, object]:
+    """`generate` keyword arguments that sample exactly the temperature softmax (nucleus-truncated when
+    top_p < 1) or take its argmax at temperature 0, whatever the model's generation_config says."""
+    from transformers import GenerationConfig
+
+    known = GenerationConfig().to_dict()  # a field this transformers lacks would be taken for a model input
+    kwargs: dict[str, object] = {k: v for k, v in NEUTRAL_GENERATION.items() if k in known}
+    kwargs.update(
+        max_new_tokens=sampling.max_new_tokens, do_sample=not sampling.greedy, pad_token_id=pad_token_id
+    )
+    if sampling.greedy:
+        kwargs.update(temperature=None, top_p=None)
+    else:
+        kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p)
+    return kwargs
+
+
 def pick_device(device: str | None) -> str:
     if device and device != "auto":
         return device
@@ -102,15 +148,7 @@ class HFBackend:
         tok = self.tokenizer
         prompts = [self.render(r) for r in requests]
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-        kwargs = dict(
-            max_new_tokens=sampling.max_new_tokens,
-            do_sample=not sampling.greedy,
-            pad_token_id=tok.pad_token_id,
-        )
-        if not sampling.greedy:
-            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p)
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
+        kwargs = generation_kwargs(sampling, pad_token_id=tok.pad_token_id)
         if sampling.stop:
             kwargs.update(stop_strings=list(sampling.stop), tokenizer=tok)
         if self._generator_seed is not None:

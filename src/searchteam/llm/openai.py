@@ -1,30 +1,98 @@
-"""Any OpenAI-compatible chat server (vLLM, SGLang, Ollama, ...) over httpx, with concurrent requests.
+"""Any OpenAI-compatible server (vLLM, SGLang, Ollama, ...) over httpx, with concurrent requests.
 
-With vLLM it also serves RL rollouts: `set_adapters` loads LoRA adapters at runtime (one per role, or one
-shared) and requests name them as their model; `return_token_ids` gives the exact sampled token ids.
+Prompts are rendered here, with the model's own tokenizer and the same `render_chat` as the local backends,
+and sent as token ids to `/v1/completions` (`render="client"`), so the server never re-renders a chat with
+its own template. Servers without this model's tokenizer at hand (a hosted API, `searchteam serve`) get
+`/v1/chat/completions` instead (`render="server"`). Every sampling parameter is sent: a vLLM server fills
+the ones a request leaves out from the model's generation_config (top-k 20 and repetition penalty 1.05 on
+Qwen2.5), which the trainer does not score.
+
+With vLLM it also serves RL rollouts: LoRA adapters loaded at runtime (one per role, or one shared) under
+fresh names `{namespace}:{role}@{version}` (vLLM refuses a loaded name, and a name reused for new weights
+can serve stale prefix-cache blocks, vLLM #42125); `return_token_ids` (vLLM >= 0.10.2) gives the exact
+sampled ids, which training requires.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
+import logging
 import os
 import random
+import secrets
+import threading
+import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, Literal
 
 import httpx
 
-from searchteam.llm.base import SHARED, Completion, GenerationRequest, LLMError, truncate_at_stop
+from searchteam.llm.base import (
+    SHARED,
+    Completion,
+    GenerationRequest,
+    LLMError,
+    SamplingParams,
+    render_prompt_ids,
+    text_decoder,
+    truncate_at_stop,
+)
+
+log = logging.getLogger(__name__)
+
+Render = Literal["auto", "client", "server"]
 
 LORA_HINT = (
     "start vLLM with `--enable-lora --max-lora-rank R` (R >= the adapter's r) and the environment variable "
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
 )
+TOKEN_IDS_HINT = (
+    "training needs the exact prompt and sampled token ids, which vLLM returns for `return_token_ids` "
+    "from version 0.10.2 on: upgrade the server (pip install 'vllm>=0.10.2')"
+)
+# Off values of the sampling knobs the trainer's plain temperature softmax does not have. vLLM takes a
+# request's unset fields from the model's generation_config (`--generation-config auto`, the default).
+NEUTRAL_SAMPLING: dict[str, float | int] = {
+    "top_k": 0,  # 0 disables top-k from vLLM 0.10 on (older servers wanted -1)
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+
+
+def sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
+    """Every sampling field of a vLLM request, explicit: the temperature softmax (greedy at temperature 0,
+    where vLLM wants top_p 1), nucleus `top_p` and nothing else."""
+    return {
+        "max_tokens": sampling.max_new_tokens,
+        "temperature": 0.0 if sampling.greedy else sampling.temperature,
+        "top_p": 1.0 if sampling.greedy else sampling.top_p,
+        **NEUTRAL_SAMPLING,
+        "n": 1,
+    }
+
+
+def run_namespace(folder: Path) -> str:
+    """A stable adapter namespace for the run whose rollout adapters live under `folder`: the same after a
+    resume (so the stale names of the run are found), distinct for another run, stage or rank."""
+    return "searchteam-" + hashlib.sha1(str(Path(folder).resolve()).encode()).hexdigest()[:12]
 
 
 class OpenAIBackend:
+    """Generates on an OpenAI-compatible server; with vLLM also loads LoRA adapters at runtime.
+
+    `render`: `client` renders and tokenizes prompts here (`tokenizer`, else the model's own) and sends
+    token ids; `server` sends chats; `auto` is `client` when a tokenizer is given or the model's loads from
+    local files, else `server`. `namespace` prefixes the served adapter names (default: one of its own);
+    adapters whose name is in it and that this backend does not serve are stale, unloaded before the
+    first load."""
+
     def __init__(
         self,
         model: str,
@@ -34,6 +102,9 @@ class OpenAIBackend:
         timeout: float = 120.0,
         max_retries: int = 4,
         concurrency: int = 64,
+        tokenizer: Any = None,
+        render: Render = "auto",
+        namespace: str | None = None,
     ) -> None:
         self.name = model
         self.base_url = base_url.rstrip("/")
@@ -41,36 +112,133 @@ class OpenAIBackend:
         self.timeout = timeout
         self.max_retries = max_retries
         self.concurrency = concurrency
+        self.require_token_ids = False  # training: a completion without token ids is an error
+        self._tokenizer = tokenizer
+        self._render: Render = "client" if tokenizer is not None and render == "auto" else render
+        self._render_lock = threading.Lock()
+        self.namespace = namespace or f"searchteam-{secrets.token_hex(4)}"
+        self._epoch = _base36(time.time_ns() // 1_000_000)  # no two backends name a version alike
+        self._versions = itertools.count(1)
         self._adapters: dict[str, str] = {}  # role (or SHARED) -> served LoRA name
-        self._counter = itertools.count(1)
+        self._owned: list[str] = []  # names this backend loaded and must unload (not adopted ones)
+        self._cleaned = False
+        self._finalizer = weakref.finalize(self, _unload_quietly, self.base_url, self._headers(), self._owned)
+
+    # ---- training hooks -------------------------------------------------------------------------------
+
+    def for_training(self, tokenizer: Any, namespace: str | None = None) -> None:
+        """Roll out for the trainer: prompts rendered with the trainer's own `tokenizer` and sent as token
+        ids, every completion must come with its token ids, adapters named in `namespace` (the run's; fix
+        it before the first load)."""
+        if namespace and namespace != self.namespace:
+            if self._owned:
+                raise LLMError(f"adapter namespace is {self.namespace} already; cannot become {namespace}")
+            self.namespace, self._cleaned = namespace, False
+        self._tokenizer, self._render, self.require_token_ids = tokenizer, "client", True
+
+    # ---- LoRA adapters ----------------------------------------------------------------------------------
 
     def set_adapters(self, adapters: Mapping[str, Path]) -> None:
-        """Use these peft LoRA adapter folders from now on: `{role: folder}`, or `{SHARED: folder}` for one
-        adapter on every role; `{}` for the base model. New adapters load before the old ones unload, so no
-        request ever names a missing adapter."""
-        n = next(self._counter)
-        new = {role: f"{role or 'policy'}-{n}" for role in adapters}
+        """Use these peft LoRA adapter folders from now on (the engine protocol shared with `ov`):
+        `{role: folder}`, `{SHARED: folder}` for one adapter on every role, `{}` for the base model."""
+        self.load_adapters(adapters)
+
+    def load_adapters(self, adapters: Mapping[str, Path]) -> dict[str, str]:
+        """Load `adapters` (`{role: folder}`, `{SHARED: folder}` or `{}`) under fresh names, route requests
+        to them, then unload the names served before (so no request ever names a missing adapter). The
+        first call first unloads the stale names of the namespace. Returns `{role: served name}`, what other
+        processes sharing the server pass to `adopt_adapters`. The server reads the folders itself: it must
+        see the same filesystem."""
+        version = f"{self._epoch}.{next(self._versions)}"
+        new = {role: f"{self.namespace}:{role or 'shared'}@{version}" for role in adapters}
         with httpx.Client(timeout=self.timeout, headers=self._headers()) as client:
+            if not self._cleaned:
+                self._unload_stale(client)
             for role, folder in adapters.items():
                 body = {"lora_name": new[role], "lora_path": str(Path(folder).absolute())}
                 self._lora_call(client, "load_lora_adapter", body, Path(folder))
+                self._owned.append(new[role])
             old, self._adapters = self._adapters, new
             for name in old.values():
-                self._lora_call(client, "unload_lora_adapter", {"lora_name": name})
+                self._unload_own(client, name)
+        return dict(new)
 
-    def _lora_call(self, client: httpx.Client, endpoint: str, body: dict, folder: Path | None = None) -> None:
-        """POST a vLLM runtime LoRA endpoint; a refusal or no answer is an LLMError saying what to do."""
+    def adopt_adapters(self, names: Mapping[str, str]) -> None:
+        """Route requests to adapters another process loaded (`load_adapters`' answer there): no HTTP call,
+        and this backend never unloads them."""
+        self._adapters = dict(names)
+
+    @property
+    def served_adapters(self) -> dict[str, str]:
+        """`{role: served name}` requests are routed to now (empty: the base model)."""
+        return dict(self._adapters)
+
+    def unload_stale(self) -> list[str]:
+        """Unload the adapters on the server in this namespace that this backend does not serve (left by a
+        run that crashed or was resumed); returns their names."""
+        with httpx.Client(timeout=self.timeout, headers=self._headers()) as client:
+            return self._unload_stale(client)
+
+    def close(self) -> None:
+        """Unload the adapters this backend loaded and route to the base model. Also runs when the backend
+        is garbage-collected or the process exits."""
+        with httpx.Client(timeout=self.timeout, headers=self._headers()) as client:
+            for name in list(self._owned):
+                self._unload_own(client, name)
+        self._adapters = {}
+
+    def __enter__(self) -> OpenAIBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _unload_stale(self, client: httpx.Client) -> list[str]:
+        self._cleaned = True
+        prefix, live = f"{self.namespace}:", set(self._adapters.values())
+        stale = [name for name in self._served_names(client) if name.startswith(prefix) and name not in live]
+        for name in stale:
+            self._lora_call(client, "unload_lora_adapter", {"lora_name": name}, missing_ok=True)
+        return stale
+
+    def _served_names(self, client: httpx.Client) -> list[str]:
+        """The ids `/v1/models` lists (base models and loaded adapters); none when it cannot say."""
+        try:
+            resp = client.get(f"{self.base_url}/models")
+        except httpx.TransportError as exc:
+            raise LLMError(f"vLLM at {self.base_url} unreachable for /models: {exc}") from exc
+        if resp.status_code != 200:
+            return []
+        return [str(card.get("id")) for card in resp.json().get("data", []) if isinstance(card, dict)]
+
+    def _unload_own(self, client: httpx.Client, name: str) -> None:
+        self._lora_call(client, "unload_lora_adapter", {"lora_name": name}, missing_ok=True)
+        if name in self._owned:
+            self._owned.remove(name)
+
+    def _lora_call(
+        self,
+        client: httpx.Client,
+        endpoint: str,
+        body: dict,
+        folder: Path | None = None,
+        missing_ok: bool = False,
+    ) -> None:
+        """POST a vLLM runtime LoRA endpoint; a refusal or no answer is an LLMError saying what to do.
+        `missing_ok`: an unload of a name the server no longer has is fine."""
         try:
             resp = client.post(f"{self.base_url}/{endpoint}", json=body)
         except httpx.TransportError as exc:
             raise LLMError(f"vLLM at {self.base_url} unreachable for {endpoint}: {exc}") from exc
-        if resp.status_code >= 400:
-            detail = " ".join(resp.text.split())[:300]
-            rank = f" (this adapter has r={r})" if folder and (r := _lora_rank(folder)) else ""
-            raise LLMError(
-                f"vLLM at {self.base_url} refused {endpoint} for '{body['lora_name']}' "
-                f"(HTTP {resp.status_code}: {detail}); {LORA_HINT}{rank}."
-            )
+        if resp.status_code < 400:
+            return
+        detail = _error_message(resp)
+        if missing_ok and resp.status_code == 404 and "cannot be found" in detail:
+            return
+        raise LLMError(
+            f"vLLM at {self.base_url} refused {endpoint} for '{body['lora_name']}' "
+            f"(HTTP {resp.status_code}: {detail}); {_lora_advice(detail, folder)}."
+        )
 
     def _model_for(self, role: str) -> str:
         """The served name a request of this role asks for: its adapter, the shared one, or the base."""
@@ -79,78 +247,184 @@ class OpenAIBackend:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"}
 
-    def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
-        return asyncio.run(self._generate_all(requests))
+    # ---- generation -------------------------------------------------------------------------------------
 
-    async def _generate_all(self, requests: list[GenerationRequest]) -> list[Completion]:
+    def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+        tokenizer = self._client_tokenizer()
+        prompts = [render_prompt_ids(tokenizer, r) if tokenizer else None for r in requests]
+        return asyncio.run(self._generate_all(requests, prompts))
+
+    def _client_tokenizer(self) -> Any:
+        """The tokenizer prompts are rendered with, or None when the server renders them (`render`)."""
+        with self._render_lock:
+            if self._render == "auto":
+                self._tokenizer = _local_tokenizer(self.name)
+                self._render = "client" if self._tokenizer is not None else "server"
+                if self._render == "server":
+                    log.warning("no local tokenizer of '%s': the server renders its chat template", self.name)
+            if self._render == "client" and self._tokenizer is None:
+                self._tokenizer = _local_tokenizer(self.name)
+                if self._tokenizer is None:
+                    raise LLMError(f"render: client needs the tokenizer of '{self.name}' on this machine")
+            return self._tokenizer if self._render == "client" else None
+
+    async def _generate_all(
+        self, requests: list[GenerationRequest], prompts: list[list[int] | None]
+    ) -> list[Completion]:
         limits = httpx.Limits(max_connections=self.concurrency)
         sem = asyncio.Semaphore(self.concurrency)
         async with httpx.AsyncClient(timeout=self.timeout, limits=limits, headers=self._headers()) as client:
 
-            async def one(req: GenerationRequest) -> Completion:
+            async def one(req: GenerationRequest, ids: list[int] | None) -> Completion:
                 async with sem:
-                    return await self._complete(client, req)
+                    return await self._complete(client, req, ids)
 
-            return list(await asyncio.gather(*(one(r) for r in requests)))
+            return list(await asyncio.gather(*(one(r, p) for r, p in zip(requests, prompts, strict=True))))
 
-    def _payload(self, req: GenerationRequest) -> dict:
-        messages = list(req.messages)
+    def _payload(self, req: GenerationRequest, prompt_ids: list[int] | None) -> dict:
+        """A `/v1/completions` body with the token prompt, or (without one) a `/v1/chat/completions` body."""
         body: dict = {
             "model": self._model_for(req.role),
-            "max_tokens": req.sampling.max_new_tokens,
-            "temperature": req.sampling.temperature,
-            "top_p": req.sampling.top_p,
-            "return_token_ids": True,  # vLLM >= 0.10: the exact prompt and sampled ids; others ignore it
+            **sampling_fields(req.sampling),
+            "return_token_ids": True,  # vLLM >= 0.10.2: the exact prompt and sampled ids; others ignore it
         }
         if req.sampling.stop:
             body["stop"] = list(req.sampling.stop)
             body["include_stop_str_in_output"] = True  # vLLM extension; other servers ignore it
+        if prompt_ids is not None:
+            return {**body, "prompt": prompt_ids}
+        messages = list(req.messages)
         if req.continuation:
             messages.append({"role": "assistant", "content": req.continuation})
             body.update(add_generation_prompt=False, continue_final_message=True)  # vLLM / SGLang
-        body["messages"] = messages
-        return body
+        return {**body, "messages": messages}
 
-    async def _complete(self, client: httpx.AsyncClient, req: GenerationRequest) -> Completion:
-        url = f"{self.base_url}/chat/completions"
+    async def _complete(
+        self, client: httpx.AsyncClient, req: GenerationRequest, prompt_ids: list[int] | None
+    ) -> Completion:
+        url = f"{self.base_url}/{'completions' if prompt_ids is not None else 'chat/completions'}"
+        payload = self._payload(req, prompt_ids)
         last_error = ""
         for attempt in range(self.max_retries + 1):
             try:
-                resp = await client.post(url, json=self._payload(req))
+                resp = await client.post(url, json=payload)
             except httpx.TransportError as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
             else:
                 if resp.status_code == 200:
-                    return self._parse(resp.json(), req)
+                    return self._parse(resp.json(), req, prompt_ids)
                 last_error = f"HTTP {resp.status_code}: {resp.text[:300]}"
                 if resp.status_code < 500 and resp.status_code != 429:
                     break
             if attempt < self.max_retries:
                 await asyncio.sleep(min(30.0, 0.5 * 2**attempt) * (0.5 + random.random()))
         raise LLMError(
-            f"OpenAI-compatible server at {self.base_url} failed for model '{self._model_for(req.role)}': "
+            f"OpenAI-compatible server at {self.base_url} failed for model '{payload['model']}': "
             f"{last_error}. "
             "Check that the server is running and serves this model (e.g. `vllm serve MODEL`)."
         )
 
-    @staticmethod
-    def _parse(data: dict, req: GenerationRequest) -> Completion:
+    def _parse(self, data: dict, req: GenerationRequest, prompt_ids: list[int] | None) -> Completion:
         choice = data["choices"][0]
-        text = choice["message"].get("content") or ""
-        if req.sampling.stop and choice.get("finish_reason") == "stop" and choice.get("stop_reason"):
-            stop = choice["stop_reason"]
-            if isinstance(stop, str) and not text.endswith(stop):
-                text += stop  # servers that drop the stop string: put it back so tags stay closed
+        token_ids = list(choice.get("token_ids") or [])
+        # completions answer the prompt ids per choice, chat completions beside the choices
+        served_prompt = list(choice.get("prompt_token_ids") or data.get("prompt_token_ids") or [])
+        self._check_token_ids(token_ids, served_prompt, prompt_ids)
+        if prompt_ids is not None and token_ids:
+            text = text_decoder(self._tokenizer)(token_ids)  # as the local backends decode them
+        else:
+            text = _server_text(choice, req.sampling.stop)
         text, _ = truncate_at_stop(text, req.sampling.stop)
         usage = data.get("usage") or {}
         return Completion(
             text=text,
-            prompt_token_ids=list(data.get("prompt_token_ids") or []),
-            token_ids=list(choice.get("token_ids") or []),
+            prompt_token_ids=list(prompt_ids) if prompt_ids is not None else served_prompt,
+            token_ids=token_ids,
             prompt_tokens=int(usage.get("prompt_tokens", 0)),
             completion_tokens=int(usage.get("completion_tokens", 0)),
             finish_reason=choice.get("finish_reason") or "stop",
         )
+
+    def _check_token_ids(self, token_ids: list[int], served: list[int], sent: list[int] | None) -> None:
+        """Training needs the ids (a server that dropped them would have the trainer re-tokenize text), and
+        a server that answers other prompt ids than it was sent did not generate from our prompt."""
+        if self.require_token_ids and not (token_ids and (served or sent is not None)):
+            raise LLMError(f"the server at {self.base_url} returned no token ids: {TOKEN_IDS_HINT}")
+        if sent is not None and served and served != sent:
+            raise LLMError(
+                f"the server at {self.base_url} answered for other prompt token ids than it was sent "
+                f"({len(served)} ids, {len(sent)} sent)"
+            )
+
+
+def _server_text(choice: dict, stop: tuple[str, ...]) -> str:
+    """The completion text as a server wrote it; a stop string the server dropped is put back."""
+    text = choice.get("text")
+    if text is None:
+        text = (choice.get("message") or {}).get("content") or ""
+    reason = choice.get("stop_reason")
+    stopped = stop and choice.get("finish_reason") == "stop" and isinstance(reason, str)
+    if stopped and not text.endswith(reason):
+        text += reason  # servers that drop the stop string: put it back so tags stay closed
+    return text
+
+
+def _local_tokenizer(model: str) -> Any:
+    """The tokenizer of `model` from files on this machine (a preset, a folder or the Hub cache), else None;
+    never downloads."""
+    from transformers import AutoTokenizer
+
+    from searchteam.llm.models import resolve_model
+
+    try:
+        return AutoTokenizer.from_pretrained(resolve_model(model), local_files_only=True)
+    except (OSError, ValueError, LLMError):
+        return None
+
+
+def _error_message(resp: httpx.Response) -> str:
+    """The message of an error answer in vLLM's shapes (`{"error": {...}}`, older `{"message": ...}`)."""
+    try:
+        data = resp.json()
+    except ValueError:
+        return " ".join(resp.text.split())[:300]
+    if isinstance(data, dict):
+        inner = data.get("error") if isinstance(data.get("error"), dict) else data
+        message = inner.get("message") or inner.get("detail") or data
+        return " ".join(str(message).split())[:300]
+    return " ".join(str(data).split())[:300]
+
+
+def _lora_advice(detail: str, folder: Path | None) -> str:
+    """What to do about a refused LoRA call: a reused name, an unreadable folder, or a server setup."""
+    if "already been loaded" in detail:
+        return "another process loads adapters under this backend's names (one loader per namespace)"
+    if "not found" in detail.lower() and "adapter" in detail.lower():
+        return "the server cannot read the adapter folder: trainer and server must share a filesystem"
+    rank = f" (this adapter has r={r})" if folder and (r := _lora_rank(folder)) else ""
+    return f"{LORA_HINT}{rank}"
+
+
+def _unload_quietly(base_url: str, headers: dict[str, str], names: list[str]) -> None:
+    """Finalizer of a backend: unload the adapters it still owns, ignoring a server that is gone."""
+    if not names:
+        return
+    try:
+        with httpx.Client(timeout=10.0, headers=headers) as client:
+            for name in list(names):
+                client.post(f"{base_url}/unload_lora_adapter", json={"lora_name": name})
+                names.remove(name)
+    except httpx.HTTPError:
+        pass
+
+
+def _base36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while n:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+    return out or "0"
 
 
 def _lora_rank(folder: Path) -> int | None:

@@ -21,6 +21,7 @@ from searchteam.llm.base import (
     Completion,
     GenerationRequest,
     LLMError,
+    SamplingParams,
     cut_completion,
     render_chat,
     text_decoder,
@@ -146,28 +147,44 @@ class OVBackend:
         return completions
 
     def _config(self, request: GenerationRequest, adapter_config):
-        import openvino_genai as ov_genai
-
-        sampling = request.sampling
-        config = ov_genai.GenerationConfig()
-        config.max_new_tokens = sampling.max_new_tokens
-        config.set_eos_token_id(self.tokenizer.eos_token_id)
-        config.stop_token_ids = self._eos_ids()
-        if sampling.stop:
-            config.stop_strings = set(sampling.stop)
-            config.include_stop_str_in_output = True
-        if not sampling.greedy:
-            config.do_sample = True
-            config.temperature = sampling.temperature
-            config.top_p = sampling.top_p
-            config.top_k = 0
-            config.rng_seed = int(self._rng.integers(2**31 - 1))
+        seed = None if request.sampling.greedy else int(self._rng.integers(2**31 - 1))
+        config = generation_config(request.sampling, self.tokenizer.eos_token_id, self._eos_ids(), seed)
         if adapter_config is not None:
             config.adapters = adapter_config
         return config
 
     def _eos_ids(self) -> set[int]:
         return {self.tokenizer.eos_token_id}
+
+
+def generation_config(
+    sampling: SamplingParams, eos_token_id: int, stop_token_ids: set[int], seed: int | None
+):
+    """A GenAI GenerationConfig that samples exactly the temperature softmax (nucleus-truncated when
+    top_p < 1), or takes its argmax at temperature 0: top-k, min-p and the repetition, presence and
+    frequency penalties set off explicitly, as the trainer scores it."""
+    import openvino_genai as ov_genai
+
+    config = ov_genai.GenerationConfig()
+    config.max_new_tokens = sampling.max_new_tokens
+    config.set_eos_token_id(eos_token_id)
+    config.stop_token_ids = stop_token_ids
+    if sampling.stop:
+        config.stop_strings = set(sampling.stop)
+        config.include_stop_str_in_output = True
+    config.top_k = 0  # GenAI filters only for 0 < top_k < SIZE_MAX
+    config.min_p = 0.0
+    config.repetition_penalty = 1.0
+    config.presence_penalty = 0.0
+    config.frequency_penalty = 0.0
+    config.min_new_tokens = 0
+    config.do_sample = not sampling.greedy
+    config.top_p = 1.0 if sampling.greedy else sampling.top_p
+    if not sampling.greedy:
+        config.temperature = sampling.temperature
+    if seed is not None:
+        config.rng_seed = seed
+    return config
 
 
 def ov_base_and_adapters(name: str) -> tuple[str, dict[str, Path]]:
