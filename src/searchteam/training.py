@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import yaml
 from accelerate import PartialState
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from searchteam.config import SHIPPED_CONFIGS, ConfigError, RunConfig, load_config
 from searchteam.data.benchmark import load_benchmark, load_questions
@@ -57,6 +57,17 @@ class TrainRunConfig(RunConfig):
         "RUN/warm_start/round-NN) or a shipped adapter's name (`searchteam models`); the critic starts fresh",
     )
     train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @field_validator("top_p")
+    @classmethod
+    def _untruncated(cls, top_p: float) -> float:
+        """The trainer scores the whole temperature softmax; nucleus sampling would bias its gradient."""
+        if top_p < 1.0:
+            raise ValueError(
+                f"training samples with top_p {top_p}, but the trainer scores the untruncated temperature "
+                "softmax (a biased gradient): set top_p: 1"
+            )
+        return top_p
 
 
 def default_recipe(method: str, device: str | None = None) -> Path | None:
@@ -284,8 +295,15 @@ def make_rollout(
 
 def sync_adapters(policy: Policy, engine, root: Path) -> float:
     """Save the policy's adapters into a fresh folder under `root`, have `engine` load them, then delete
-    the older folders (an engine may read its adapter files until it has the new ones). Returns seconds."""
+    the older folders (an engine may read its adapter files until it has the new ones). Returns seconds.
+    A server engine (`openai`) first switches to training: prompts rendered with the policy's tokenizer
+    and sent as token ids, token ids required back, adapter names in the namespace of `root` (stable over
+    a resume, whose stale names it unloads; distinct per stage and rank)."""
+    from searchteam.llm.openai import run_namespace
+
     start = time.perf_counter()
+    if hasattr(engine, "for_training"):
+        engine.for_training(policy.tokenizer, run_namespace(root))
     root.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix="step-", dir=root))
     engine.set_adapters(policy.save_adapters(folder))
