@@ -16,10 +16,46 @@ SHIPPED_CONFIGS = Path(__file__).parent / "configs"
 # accelerate's trackers a run may report to; "all" is refused (it would start every installed tracker)
 TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
 NO_TRACKER = "none"
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts (MaxLoRARanks)
 
 
 class ConfigError(ValueError):
     """A config file or flag that cannot be used; the message names the file and field."""
+
+
+class EngineSettings(BaseModel):
+    """The in-process vLLM engine (`backend: vllm`), as `vllm.LLM` takes them. One engine per model per
+    process; a run's other models (judge, extra models, teacher) go to `hf` unless they are that model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu_memory_utilization: float = Field(
+        0.85, gt=0.0, le=1.0, description="share of the GPU's memory the engine reserves (weights + KV cache)"
+    )
+    max_model_len: int | None = Field(None, ge=16, description="context length; unset: the model's")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs the engine shards the model over")
+    max_num_seqs: int | None = Field(None, ge=1, description="sequences per engine step; unset: vLLM's")
+    enforce_eager: bool = Field(False, description="no CUDA graphs: less memory, slower decoding")
+    max_lora_rank: int | None = Field(
+        None, description="LoRA rank the engine reserves (1, 8, 16, ... 512); unset: the largest adapter's r"
+    )
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _vllm_rank(cls, value: int | None) -> int | None:
+        if value is not None and value not in LORA_RANKS:
+            raise ValueError(f"vLLM takes a max_lora_rank of {', '.join(map(str, LORA_RANKS))}")
+        return value
+
+
+class ServerSettings(BaseModel):
+    """The client of an OpenAI-compatible server (`backend: openai`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    timeout: float = Field(120.0, gt=0.0, description="seconds per HTTP request")
+    concurrency: int = Field(64, ge=1, le=100000, description="HTTP requests in flight at once")
+    max_retries: int = Field(4, ge=0, le=100, description="retries of a request on 429, 5xx or no answer")
 
 
 class RunConfig(BaseModel):
@@ -33,7 +69,11 @@ class RunConfig(BaseModel):
     ov_precision: Literal["int8", "fp16", "fp32"] = Field(
         "int8", description="weights of the ov backend's converted model (fp32: exactly the hf model)"
     )
-    base_url: str | None = None
+    base_url: str | None = Field(
+        None, description="with backend: openai, the server of the policy and of the run's other models"
+    )
+    engine: EngineSettings = Field(default_factory=EngineSettings, description="backend: vllm's engine")
+    server: ServerSettings = Field(default_factory=ServerSettings, description="backend: openai's client")
     extra_models: dict[str, str] = Field(
         default_factory=dict,
         description="Extra models by role name, e.g. {generator: qwen2.5-coder-0.5b} for QAgent's frozen "
@@ -76,9 +116,11 @@ class RunConfig(BaseModel):
         None, description="LLM judge: eval's judge_acc metric; reward schemes that use one (DECOR)"
     )
     judge_backend: Literal["auto", "hf", "ov", "openai", "vllm"] = Field(
-        "auto", description="backend of eval's judge_acc judge"
+        "auto", description="backend of eval's judge_acc judge; auto: as the run's other models"
     )
-    judge_base_url: str | None = Field(None, description="server of eval's judge with judge_backend: openai")
+    judge_base_url: str | None = Field(
+        None, description="server of eval's judge with judge_backend: openai; unset: base_url"
+    )
     reranker: str | None = Field(
         None,
         description="rescore each search's top rerank_depth passages with this model and keep the top k: "

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from searchteam.config import ConfigError, RunConfig, did_you_mean
-from searchteam.llm import LLM, build_llm
+from searchteam.llm import LLM, build_llm, secondary_backend
 from searchteam.retrieval.base import Retriever
 from searchteam.runtime import Sampling
 from searchteam.teams import Team, TeamSettings, get_team
@@ -57,9 +57,8 @@ def build_sampling(config: RunConfig) -> Sampling:
 def build_components(config: RunConfig, team: Team | None = None) -> Components:
     """Load the model(s) and, if the method searches, the retriever (built or loaded from cache)."""
     team = team or build_team(config)
-    llms = {
-        name: _llm(config, model) for name, model in {"policy": config.model, **config.extra_models}.items()
-    }
+    llms = {"policy": policy_llm(config)}  # first: an extra model of the same base shares its vLLM engine
+    llms.update({name: secondary_llm(config, model) for name, model in config.extra_models.items()})
     retriever = build_run_retriever(config) if team.uses_retrieval else None
     return Components(team=team, llms=llms, retriever=retriever)
 
@@ -79,13 +78,33 @@ def build_run_retriever(config: RunConfig):
     )
 
 
-def _llm(config: RunConfig, model: str) -> LLM:
+def policy_llm(config: RunConfig) -> LLM:
+    """The run's model on the run's backend, with its engine or server settings."""
+    return _build(config, config.model, config.backend, config.base_url)
+
+
+def secondary_llm(
+    config: RunConfig, model: str, backend: str = "auto", base_url: str | None = None, logprobs: bool = False
+) -> LLM:
+    """Another model of the run (a judge, an extra model, QAgent's frozen generator, a warm start's
+    teacher): on `backend` when one is named, else where `secondary_backend` puts it (the run's server,
+    the policy's vLLM engine when it is the same model, else `hf`), so no second in-process engine starts.
+    On a server it is `base_url`, else the run's."""
+    if backend == "auto":
+        backend = secondary_backend(config.backend, config.model, model, config.device)
+    return _build(config, model, backend, base_url or config.base_url, logprobs)
+
+
+def _build(config: RunConfig, model: str, backend: str, base_url: str | None, logprobs: bool = False) -> LLM:
     return build_llm(
         model,
-        backend=config.backend,
-        base_url=config.base_url,
+        backend=backend,
+        base_url=base_url,
         device=config.device,
         dtype=config.dtype,
+        logprobs=logprobs,
         seed=config.seed,
         ov_precision=config.ov_precision,
+        engine=config.engine,
+        server=config.server,
     )

@@ -16,8 +16,8 @@ from searchteam.config import ConfigError, RunConfig
 from searchteam.data.benchmark import load_benchmark, load_questions
 from searchteam.eval.judge_metric import judge_rows
 from searchteam.eval.summary import result_row, summarize
-from searchteam.factory import Components, build_components, build_sampling, build_team
-from searchteam.llm import LLM, build_llm
+from searchteam.factory import Components, build_components, build_sampling, build_team, secondary_llm
+from searchteam.llm import LLM
 from searchteam.paths import write_lines_atomic
 from searchteam.runtime import make_backends, run_episodes
 from searchteam.teams import Team
@@ -77,7 +77,7 @@ RESUMABLE_CHANGES = frozenset(
     {
         "datasets", "questions", "limit", "skip_bad_lines", "out", "resume", "batch_size", "concurrency",
         "device", "base_url", "report_to", "tracker_project", "judge_model", "judge_backend",
-        "judge_base_url",
+        "judge_base_url", "engine", "server",
     }
 )  # fmt: skip
 
@@ -154,16 +154,10 @@ def evaluate(
 
 
 def build_judge(config: RunConfig) -> LLM:
-    """The judge of `judge_acc` (`judge_model` on `judge_backend`), greedy."""
+    """The judge of `judge_acc`: `judge_model` on `judge_backend` (auto: as the run's other models, see
+    `factory.secondary_llm`), on `judge_base_url` or else the run's server."""
     assert config.judge_model is not None
-    return build_llm(
-        config.judge_model,
-        backend=config.judge_backend,
-        base_url=config.judge_base_url,
-        device=config.device,
-        dtype=config.dtype,
-        seed=config.seed,
-    )
+    return secondary_llm(config, config.judge_model, config.judge_backend, config.judge_base_url)
 
 
 def write_jsonl_atomic(path: Path, rows: list[dict[str, Any]]) -> None:
