@@ -315,10 +315,19 @@ def train(
         typer.Option(help="Start from trained weights: a checkpoint folder or a shipped adapter's name."),
     ] = None,
     report_to: ReportToOpt = None,
+    num_processes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Data-parallel training processes on this machine (DDP: one per GPU, or gloo on the CPU).",
+        ),
+    ] = 1,
 ) -> None:
     """Train a team with RL (per-method rewards; PPO/GRPO/GSPO; shared or per-role LoRA)."""
+    import sys
+
     from searchteam.rl.plot import plot_run
-    from searchteam.training import build_trainer, load_train_run_config
+    from searchteam.training import build_trainer, check_shardable, launch_processes, load_train_run_config
 
     with user_errors():
         _quiet_libraries()
@@ -334,16 +343,23 @@ def train(
             report_to=report_to,
         )
         cfg = load_train_run_config(config, given)
+        if num_processes > 1 and "LOCAL_RANK" not in os.environ:  # not yet one of the launched processes
+            check_shardable(cfg, num_processes)
+            raise typer.Exit(launch_processes(num_processes, sys.argv[1:]))
         run_dir = out or Path("runs") / f"train-{cfg.method}"
         trainer = build_trainer(cfg, run_dir, on_step=lambda record: console.print(_step_line(record)))
+        main = trainer.accelerator.is_main_process
         if resume:
-            console.print(f"resuming at step {trainer.resume()}")
+            step = trainer.resume()
+            if main:
+                console.print(f"resuming at step {step}")
         elif trainer.log_path.exists() and trainer.log_path.stat().st_size:
             raise ConfigError(
                 f"{run_dir} already holds a training log: pass --resume or choose another --out"
             )
         trainer.train()
-        console.print(f"[green]done:[/] {run_dir} (curves: {plot_run(run_dir)})")
+        if main:
+            console.print(f"[green]done:[/] {run_dir} (curves: {plot_run(run_dir)})")
 
 
 def _step_line(record: dict[str, Any]) -> str:

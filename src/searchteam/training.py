@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -14,7 +16,7 @@ from typing import Any
 
 import torch
 import yaml
-from accelerate import PartialState
+from accelerate import Accelerator
 from pydantic import Field, field_validator
 
 from searchteam.config import SHIPPED_CONFIGS, ConfigError, RunConfig, load_config
@@ -28,6 +30,7 @@ from searchteam.rewards.metrics import answer_scores
 from searchteam.rewards.schemes import build_reward_scheme
 from searchteam.rl import Policy, TrainConfig, Trainer, load_policy
 from searchteam.rl.config import WarmStartConfig
+from searchteam.rl.trainer import make_accelerator
 from searchteam.rl.warm_start import WarmStart
 from searchteam.runtime import make_backends, run_episodes
 from searchteam.teams import Team
@@ -218,13 +221,16 @@ def make_rollout(
     workdir: Path,
     teacher: str | None = None,
     progress: bool = False,
+    rank: int = 0,
+    world: int = 1,
 ) -> Callable[..., list[Episode]]:
     """Rollouts with the current weights (`rollout(step)`, or `rollout(step, attempt)` for a DAPO
     re-sampling round on fresh questions). With the hf engine the backend shares the policy model (per-role
     adapters are switched by role before each batch); another engine first loads the adapters saved under
     `workdir` (timed as `time/weight_sync`). Each question runs `group_size` times with training=True.
     With `teacher`, that model generates instead of the policy (a warm start from another model's traces);
-    `progress` shows a progress bar over the rollouts (the warm start's long collection rounds)."""
+    `progress` shows a progress bar over the rollouts (the warm start's long collection rounds). Process
+    `rank` of `world` rolls out its share of each step's questions (`questions_for_step`)."""
     engine = "teacher" if teacher else rollout_engine(cfg)
     if teacher:
         backend = build_llm(teacher, backend=cfg.backend, device=cfg.device, ov_precision=cfg.ov_precision)
@@ -250,7 +256,6 @@ def make_rollout(
     timings: dict[str, float] = {}
 
     def rollout(step: int, attempt: int = 0) -> list[Episode]:
-        rank, world = PartialState().process_index, PartialState().num_processes
         timings.clear()
         if engine not in ("hf", "teacher") and attempt == 0:  # the weights changed in the last update
             timings["time/weight_sync"] = sync_adapters(policy, backend, workdir / f"rank{rank}")
@@ -314,8 +319,14 @@ def sync_adapters(policy: Policy, engine, root: Path) -> float:
 
 
 def build_trainer(
-    cfg: TrainRunConfig, out: Path, accelerator=None, on_step: Callable[[dict], None] | None = None
+    cfg: TrainRunConfig,
+    out: Path,
+    accelerator: Accelerator | None = None,
+    on_step: Callable[[dict], None] | None = None,
 ) -> Trainer:
+    """The trainer of a run, in this process: under several processes (`torchrun`, `accelerate launch`)
+    the accelerator joins the process group first, then this process loads the policy on its device and
+    rolls out its share of the questions; only the main process writes the run's files."""
     team = build_team(cfg)
     warm_cfg = warm_start_run_config(cfg) if cfg.warm_start else None
     warm_team = build_team(warm_cfg) if warm_cfg else None  # validates the stage's own options
@@ -324,7 +335,12 @@ def build_trainer(
     frozen_generator(cfg)  # refuses a QAgent stage-2 run without submodule mode before any model loads
     initial = initial_checkpoint(cfg)
     check_installed(trackers_for(cfg.report_to))  # a named tracker that is missing, before any model loads
-    policy = load_policy(cfg.model, cfg.train, device=cfg.device, dtype=cfg.dtype)
+    resolved = effective_config(cfg, team)
+    tracked = TrackingSetup(cfg.report_to, cfg.tracker_project, resolved)
+    accelerator = accelerator or make_accelerator(cfg.train, out, tracked, device=cfg.device)
+    shard = {"rank": accelerator.process_index, "world": accelerator.num_processes}
+    check_shardable(cfg, shard["world"])
+    policy = load_policy(cfg.model, cfg.train, device=accelerator.device, dtype=cfg.dtype)
     if initial is not None:
         policy.load_initial(initial)
     if cfg.judge_model:
@@ -333,11 +349,12 @@ def build_trainer(
         )
     out.mkdir(parents=True, exist_ok=True)
     questions = training_questions(cfg)
-    rollout = make_rollout(cfg, team, policy, questions, out / "rollout_adapters")
-    warm = warm_start_stage(warm_cfg, warm_team, policy, questions, out) if warm_cfg and warm_team else None
-    resolved = effective_config(cfg, team)
-    (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
-    tracked = TrackingSetup(cfg.report_to, cfg.tracker_project, resolved)
+    rollout = make_rollout(cfg, team, policy, questions, out / "rollout_adapters", **shard)
+    warm = None
+    if warm_cfg and warm_team:
+        warm = warm_start_stage(warm_cfg, warm_team, policy, questions, out, **shard)
+    if accelerator.is_main_process:
+        (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
     return Trainer(
         policy,
         rollout,
@@ -384,8 +401,41 @@ def warm_start_run_config(cfg: TrainRunConfig) -> TrainRunConfig:
     )
 
 
+def launch_processes(num_processes: int, argv: list[str]) -> int:
+    """Run the command `searchteam ARGV...` in `num_processes` processes on this machine through torch's
+    elastic launcher (what `accelerate launch --multi_gpu` runs too; gloo on the CPU, where
+    `accelerate launch --cpu` starts one process); returns the launcher's exit code."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={num_processes}",
+    ]
+    return subprocess.call([*command, "-m", "searchteam.cli", *argv])
+
+
+def check_shardable(cfg: TrainRunConfig, world: int) -> None:
+    """Refuse, before any model loads, question counts that `world` processes cannot share equally."""
+    counts = {"questions_per_step": cfg.questions_per_step}
+    if cfg.warm_start is not None:
+        counts["warm_start.questions_per_round"] = cfg.warm_start.questions_per_round
+    for name, count in counts.items():
+        if count % world:
+            raise ConfigError(
+                f"{name} ({count}) must be a multiple of the number of processes ({world}): each process "
+                "rolls out an equal share of the questions"
+            )
+
+
 def warm_start_stage(
-    warm_cfg: TrainRunConfig, team: Team, policy: Policy, questions: list[Question], out: Path
+    warm_cfg: TrainRunConfig,
+    team: Team,
+    policy: Policy,
+    questions: list[Question],
+    out: Path,
+    rank: int = 0,
+    world: int = 1,
 ) -> WarmStart:
     """The warm start's rollouts: `samples_per_question` samples of `questions_per_round` questions per
     round at its temperature, by the policy (through the run's engine) or by the teacher; question order
@@ -400,7 +450,17 @@ def warm_start_stage(
         if not rollout:
             workdir = out / "rollout_adapters" / "warm_start"
             rollout.append(
-                make_rollout(warm_cfg, team, policy, questions, workdir, ws.teacher, progress=True)
+                make_rollout(
+                    warm_cfg,
+                    team,
+                    policy,
+                    questions,
+                    workdir,
+                    ws.teacher,
+                    progress=rank == 0,
+                    rank=rank,
+                    world=world,
+                )
             )
         episodes = rollout[0](round_index - 1)
         if round_index == ws.rounds:

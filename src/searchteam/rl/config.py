@@ -156,6 +156,12 @@ class TrainConfig(BaseModel):
         True, description="TensorBoard curves under RUN/tensorboard when the run sets no report_to"
     )
     save_rollouts: bool = Field(True, description="append every step's rewarded episodes to rollouts.jsonl")
+    dist_timeout_s: int = Field(
+        1800,
+        ge=10,
+        description="several processes: how long a collective waits for the slowest rank (its rollouts) "
+        "before the run fails instead of hanging",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

@@ -8,8 +8,8 @@ import copy
 import json
 import re
 import warnings
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Literal
 
@@ -44,11 +44,13 @@ class Policy(nn.Module):
         critic: Critic = "head",
         reference: bool = False,
         temperature: float = 1.0,
+        gradient_checkpointing: bool = False,
     ) -> None:
         """`value_head` adds a critic. `critic="head"` puts it on the policy's own last hidden state (the
         value loss then also trains the policy's weights); `critic="separate"` gives it a value model of
         its own, the paper's V_φ (M-ASK Eq. 5): a LoRA adapter `critic` on the shared frozen backbone, or
-        with full fine-tuning a trainable copy of the model."""
+        with full fine-tuning a trainable copy of the model (its unused LM head frozen).
+        `gradient_checkpointing` recomputes each layer's activations in the backward pass."""
         super().__init__()
         if mode == "role_lora" and not roles:
             raise ValueError("role_lora needs the role names (one adapter per role)")
@@ -64,6 +66,11 @@ class Policy(nn.Module):
         self.ref_model = _frozen_copy(model) if reference and mode == "full" else None
         separate = value_head and critic == "separate"
         self.critic_model = _trainable_copy(model) if separate and mode == "full" else None
+        if gradient_checkpointing:
+            context = None if mode == "full" else self._adapter_of_forward
+            for trained in (model, self.critic_model):
+                if trained is not None:
+                    enable_activation_checkpointing(trained, context)
         adapters = [*self.roles] or [SHARED_ADAPTER]
         if separate and mode != "full":
             adapters.append(CRITIC_ADAPTER)
@@ -86,6 +93,9 @@ class Policy(nn.Module):
         for name, param in self.named_parameters():
             if name.startswith("ref_model."):
                 continue
+            if name.startswith("critic_model.lm_head."):  # the value model reads hidden states only
+                param.requires_grad_(False)
+                continue
             if self.mode == "full" or "lora_" in name or name.startswith("value_head."):
                 names.append(name)
                 param.requires_grad_(True)
@@ -99,9 +109,31 @@ class Policy(nn.Module):
             return
         if role not in self.roles:
             raise KeyError(f"no LoRA adapter for role '{role}'; adapters exist for: {', '.join(self.roles)}")
-        self.model.set_adapter(role)
-        for name in self._trainable:  # peft froze the other adapters; they keep training on their turns
-            self._params[name].requires_grad_(True)
+        self._set_adapter(role)
+
+    def _set_adapter(self, name: str) -> None:
+        self.model.set_adapter(name)
+        for param in self._trainable:  # peft froze the other adapters; they keep training on their turns
+            self._params[param].requires_grad_(True)
+
+    @contextmanager
+    def _using_adapter(self, name: str) -> Iterator[None]:
+        """The LoRA adapter `name` active inside the block, the previous one after it."""
+        active = self.model.active_adapter
+        if active == name:
+            yield
+            return
+        self._set_adapter(name)
+        try:
+            yield
+        finally:
+            self._set_adapter(active)
+
+    def _adapter_of_forward(self) -> tuple[AbstractContextManager, AbstractContextManager]:
+        """Activation checkpointing's `context_fn`: a layer's backward-time recomputation runs with the
+        LoRA adapter that was active when the layer ran forward (the critic pass switches adapters, and its
+        backward comes after the policy's adapter is back)."""
+        return nullcontext(), self._using_adapter(self.model.active_adapter)
 
     def param_groups(
         self, lr: float, role_lr: dict[str, float] | None = None, value_lr: float | None = None
@@ -135,14 +167,15 @@ class Policy(nn.Module):
         target_index: torch.Tensor,
         value_index: torch.Tensor,
         entropy: EntropyMode = "none",
+        critic: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Per-token logprobs [B, C] of the completion tokens (temperature-scaled, as sampled), with a
-        critic head the value [B] of each turn's observation, and on request the per-token entropy [B, C]
-        of the sampling distribution (see `chosen_token_stats`)."""
+        critic head the value [B] of each turn's observation (unless `critic=False`: SFT micro-batches),
+        and on request the per-token entropy [B, C] of the sampling distribution (`chosen_token_stats`)."""
         out = chosen_token_stats(
             self.model, input_ids, attention_mask, target_index, self.temperature, entropy=entropy
         )
-        if self.value_head is None:
+        if self.value_head is None or not critic:
             return out.logprobs, None, out.entropy
         hidden = self._critic_hidden(input_ids, attention_mask) if self.separate_critic else out.hidden
         rows = torch.arange(hidden.shape[0], device=hidden.device)
@@ -155,14 +188,8 @@ class Policy(nn.Module):
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
         if self.critic_model is not None:
             return self.critic_model.get_decoder()(**inputs).last_hidden_state
-        active = self.model.active_adapter
-        self.model.set_adapter(CRITIC_ADAPTER)
-        try:
+        with self._using_adapter(CRITIC_ADAPTER):
             return self.model.get_decoder()(**inputs).last_hidden_state
-        finally:
-            self.model.set_adapter(active)
-            for name in self._trainable:  # set_adapter froze the inactive adapters; all keep training
-                self._params[name].requires_grad_(True)
 
     @torch.no_grad()
     def reference_logprobs(self, batch: Batch) -> torch.Tensor:
@@ -357,15 +384,17 @@ def build_policy(model: nn.Module, tokenizer, config: TrainConfig) -> Policy:
         critic=config.critic,
         reference=config.kl_coef > 0,
         temperature=config.temperature,
+        gradient_checkpointing=config.gradient_checkpointing,
     )
 
 
 def load_policy(
-    name: str, config: TrainConfig, device: str | None = None, dtype: str | None = None
+    name: str, config: TrainConfig, device: str | torch.device | None = None, dtype: str | None = None
 ) -> Policy:
-    """Load a preset or Hugging Face model by name (see `searchteam.llm.models`) and wrap it, on this
-    process's device (accelerate's: `cuda:<local rank>` under `accelerate launch`). Full fine-tuning loads
-    fp32 weights whatever `dtype` says (see `weight_dtype`); LoRA keeps a `dtype` backbone."""
+    """Load a preset or Hugging Face model by name (see `searchteam.llm.models`) and wrap it, on `device`
+    (a training run passes its accelerator's: `cuda:<local rank>` under several processes). Full
+    fine-tuning loads fp32 weights whatever `dtype` says (see `weight_dtype`); LoRA keeps a `dtype`
+    backbone."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from searchteam.llm.hf import pick_dtype
@@ -378,21 +407,15 @@ def load_policy(
         tokenizer.pad_token = tokenizer.eos_token
     weights = weight_dtype(config, pick_dtype(dtype, place.type))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=weights)
-    if config.gradient_checkpointing:
-        enable_activation_checkpointing(model)
     return build_policy(model, tokenizer, config).to(place)
 
 
-def process_device(device: str | None) -> torch.device:
-    """Where this process's model lives: accelerate's device for this rank, unless another device type
-    (or an explicit index) is asked for."""
-    from accelerate import PartialState
-
+def process_device(device: str | torch.device | None) -> torch.device:
+    """Where this process's model lives: a given torch device (the training run's accelerator device:
+    `cuda:<local rank>` under several processes), else the named or best device."""
     from searchteam.llm.hf import pick_device
 
-    wanted = torch.device(pick_device(device))
-    ours = PartialState().device
-    return ours if wanted.type == ours.type and wanted.index is None else wanted
+    return device if isinstance(device, torch.device) else torch.device(pick_device(device))
 
 
 def weight_dtype(config: TrainConfig, dtype: torch.dtype) -> torch.dtype:
@@ -413,9 +436,11 @@ def weight_dtype(config: TrainConfig, dtype: torch.dtype) -> torch.dtype:
     return torch.float32
 
 
-def enable_activation_checkpointing(model: nn.Module) -> None:
-    """Recompute each layer's activations in the backward pass (transformers ≥ 5.x renamed the method)."""
+def enable_activation_checkpointing(model: nn.Module, context_fn=None) -> None:
+    """Recompute each layer's activations in the backward pass (non-reentrant; `context_fn` as in
+    `torch.utils.checkpoint`; transformers ≥ 5.x renamed the method)."""
+    kwargs = {"use_reentrant": False} | ({"context_fn": context_fn} if context_fn else {})
     if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

@@ -18,20 +18,28 @@ import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs, gather_object
+from accelerate.utils import (
+    DistributedDataParallelKwargs,
+    DistributedType,
+    InitProcessGroupKwargs,
+    gather_object,
+)
 
 from searchteam import tracking
+from searchteam.config import ConfigError
 from searchteam.progress import progress_bar
 from searchteam.rl import warm_start as ws
 from searchteam.rl.advantages import gae, group_normalize, informative_groups, whiten
 from searchteam.rl.config import CHECKPOINTS, LOG_NAME, ROLLOUTS_NAME, WARM_START, RoleEstimator, TrainConfig
-from searchteam.rl.experience import Render, Sample, collate, samples_from_episodes
+from searchteam.rl.experience import Batch, Render, Sample, collate, samples_from_episodes
 from searchteam.rl.losses import policy_loss, sft_loss, value_loss
 from searchteam.rl.policy import Policy
 from searchteam.types import Episode
@@ -54,23 +62,35 @@ def lr_multiplier(step: int, config: TrainConfig) -> float:
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def assign_advantages(samples: list[Sample], config: TrainConfig) -> None:
+def assign_advantages(samples: list[Sample], config: TrainConfig, whitening: bool = True) -> None:
     """Fill `advantage` (and `returns`) on every RL sample with its role's estimator (`estimator`, or the
     role's entry in `role_estimators`); SFT samples carry no advantage. Roles that share an estimator are
-    estimated together: GAE runs over each episode's turns of those roles in order."""
-    by_estimator: dict[RoleEstimator, list[Sample]] = defaultdict(list)
-    for s in samples:
-        if not s.sft:
-            by_estimator[config.estimator_of(s.role)].append(s)
-    for est, part in by_estimator.items():
+    estimated together: GAE runs over each episode's turns of those roles in order. `whitening=False`
+    leaves GAE's `whiten_advantages` to the caller (the trainer whitens over every process's samples)."""
+    for est, part in by_estimator(samples, config).items():
         if est.estimator == "gae":
             _assign_gae(part, est.gamma, est.lam)
-            if est.whiten_advantages:
-                adv = whiten(torch.tensor([s.advantage for s in part], dtype=torch.float64))
-                for s, a in zip(part, adv.tolist(), strict=True):
-                    s.advantage = a
+            if est.whiten_advantages and whitening:
+                whiten_samples(part, [s.advantage for s in part])
         else:
             _assign_group(part, est.estimator == "role_grpo", config.adv_eps, bool(est.adv_scale_by_std))
+
+
+def by_estimator(samples: list[Sample], config: TrainConfig) -> dict[RoleEstimator, list[Sample]]:
+    """The RL samples grouped by the estimator (and options) of their role."""
+    groups: dict[RoleEstimator, list[Sample]] = defaultdict(list)
+    for s in samples:
+        if not s.sft:
+            groups[config.estimator_of(s.role)].append(s)
+    return groups
+
+
+def whiten_samples(part: list[Sample], population: list[float], offset: int = 0) -> None:
+    """Set the advantages of `part` to their whitened values, the statistics taken over `population`
+    (the advantages of `part` start at `offset` in it)."""
+    whitened = whiten(torch.tensor(population, dtype=torch.float64))[offset : offset + len(part)]
+    for s, a in zip(part, whitened.tolist(), strict=True):
+        s.advantage = a
 
 
 def _assign_gae(samples: list[Sample], gamma: float, lam: float) -> None:
@@ -166,12 +186,67 @@ def credit_stats(samples: list[Sample]) -> dict[str, float]:
     return out
 
 
+SUPPORTED_DISTRIBUTED = (DistributedType.NO, DistributedType.MULTI_GPU, DistributedType.MULTI_CPU)
+
+
+def check_distributed(kind: DistributedType) -> None:
+    """Refuse the distributed modes the trainer does not run correctly (FSDP and DeepSpeed shard or step
+    the model in ways its rollouts, reference logprobs and saving do not follow)."""
+    if kind not in SUPPORTED_DISTRIBUTED:
+        raise ConfigError(
+            f"distributed mode {kind.value} is not supported: searchteam trains data-parallel (DDP), one "
+            "process per GPU or CPU; launch with `searchteam train --num-processes N` or "
+            "`accelerate launch --multi_gpu` without FSDP/DeepSpeed"
+        )
+
+
+def run_trackers(setup: tracking.TrackingSetup, config: TrainConfig) -> list[str]:
+    """The trackers a run starts: `report_to`, else TensorBoard when `config.tensorboard`."""
+    if setup.report_to is None:
+        return tracking.default_trackers(config.tensorboard)
+    names = tracking.trackers_for(setup.report_to)
+    tracking.check_installed(names)
+    return names
+
+
+def make_accelerator(
+    config: TrainConfig,
+    run_dir: Path,
+    setup: tracking.TrackingSetup | None = None,
+    device: str | None = None,
+) -> Accelerator:
+    """The accelerator of a training run, created before any model so that every process joins the
+    process group (gloo on the CPU, NCCL on GPUs) with the run's timeout. DDP broadcasts no buffers in the
+    forward pass (they are constants: rotary frequencies) and tolerates parameters a micro-batch leaves
+    unused: other roles' adapters, a critic idle on SFT turns or turns no GAE estimates."""
+    setup = setup or tracking.TrackingSetup(config={"train": config.model_dump(mode="json")})
+    unused = config.lora_per_role or config.uses_critic
+    accelerator = Accelerator(
+        cpu=device == "cpu" or not torch.cuda.is_available(),
+        mixed_precision=config.mixed_precision,
+        kwargs_handlers=[
+            DistributedDataParallelKwargs(find_unused_parameters=unused, broadcast_buffers=False),
+            InitProcessGroupKwargs(timeout=timedelta(seconds=config.dist_timeout_s)),
+        ],
+        log_with=tracking.log_with(run_trackers(setup, config), run_dir) or None,
+        project_dir=run_dir,
+    )
+    check_distributed(accelerator.distributed_type)
+    return accelerator
+
+
 class Trainer:
     """PPO / GRPO / GSPO trainer for one Policy. `train()` runs until `config.steps`; `resume()` first
     restores the newest (or a given) checkpoint so that the run continues exactly where it stopped.
     Construction seeds python, numpy and torch from `config.seed` (after the policy's LoRA init).
     `tracking_setup` names the trackers (`report_to`; default: TensorBoard when `config.tensorboard`), their
-    project and the configuration they store; a given `accelerator` keeps its own trackers instead."""
+    project and the configuration they store for the accelerator the trainer makes (`make_accelerator`);
+    a given `accelerator` logs to its own `log_with` trackers, started at the first record unless already.
+
+    Under several processes every process rolls out its share of the questions, and the processes stay in
+    lockstep: they agree on the number of micro-batches of every optimizer step (padding with zero-weight
+    ones), normalize the loss by the counts of all processes (so that W processes compute the
+    single-process loss on the union of their data), and log and save from the main process."""
 
     def __init__(
         self,
@@ -202,15 +277,10 @@ class Trainer:
         torch.manual_seed(config.seed)
         own_config = {"train": config.model_dump(mode="json")}
         self.tracking = tracking_setup or tracking.TrackingSetup(config=own_config)
-        trackers = self._trackers(accelerator)
-        self._own_trackers = bool(trackers)  # a given accelerator brings (and starts) its own trackers
+        self.accelerator = accelerator or make_accelerator(config, self.run_dir, self.tracking)
+        check_distributed(self.accelerator.distributed_type)
+        self._own_trackers = bool(self.accelerator.log_with) and not self.accelerator.trackers
         self._tracking = False
-        self.accelerator = accelerator or Accelerator(
-            mixed_precision=config.mixed_precision,
-            kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=config.lora_per_role)],
-            log_with=tracking.log_with(trackers, self.run_dir) or None,
-            project_dir=self.run_dir,
-        )
         self.policy = policy
         groups = policy.param_groups(config.lr, config.role_lr, config.value_lr)
         optimizer = torch.optim.AdamW(
@@ -240,22 +310,26 @@ class Trainer:
         return records
 
     def train_step(self) -> dict[str, Any]:
-        """One rollout batch and its policy update; writes the JSONL record and any due checkpoint."""
+        """One rollout batch and its policy update; writes the JSONL record and any due checkpoint. Counts,
+        rewards and losses in the record cover every process's samples; times are the slowest process's."""
         record: dict[str, Any] = {"step": self.step + 1, "lr": self.scheduler.get_last_lr()[0]}
         if len(self.optimizer.param_groups) > 1:
             record.update({f"lr/{g['name']}": g["lr"] for g in self.optimizer.param_groups})
+        record["world_size"] = self.accelerator.num_processes
         episodes, samples, sampling = self._collect()
         collected = time.perf_counter()
-        record.update(role_stats([s for s in samples if not s.sft]))
-        record["episodes"] = len(episodes)
-        record.update(sampling)
-        record["samples"] = len(samples)
-        record.update(self._update(samples) if samples else {"skipped_updates": 0, "updates": 0})
+        num_episodes, num_samples = self._sum_over_ranks(len(episodes), len(samples))
+        record.update(episodes=int(num_episodes), samples=int(num_samples), **sampling)
+        record.update(self._update(samples) if num_samples else {"skipped_updates": 0, "updates": 0})
+        everyone = gather_object([_light(s) for s in samples])
+        record.update(role_stats([s for s in everyone if not s.sft]))
+        if num_samples:
+            record.update(credit_stats(everyone))
         with warnings.catch_warnings():  # the schedule advances per training step, even a skipped one
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
             self.scheduler.step()
         self.step += 1
-        record["time/update"] = time.perf_counter() - collected
+        record["time/update"] = self._slowest({"t": time.perf_counter() - collected})["t"]
         self._log(record)
         if self._checkpoint_due():
             self.save_checkpoint()
@@ -265,7 +339,8 @@ class Trainer:
         """Roll out and reward one step's episodes and turn them into samples. With DAPO dynamic sampling,
         groups whose trajectories all scored the same are dropped, and up to `resample_rounds` further
         rounds (`rollout(step, attempt=k)`, fresh questions) refill the batch until it holds as many
-        informative groups as the first round had groups; informative groups beyond that are cut."""
+        informative groups as the first round had groups; informative groups beyond that are cut. Under
+        several processes each process refills its own share, and all run a round while any needs one."""
         cfg = self.config
         episodes: list[Episode] = []
         stats = {"time/rollout": 0.0, "time/reward": 0.0}
@@ -293,21 +368,87 @@ class Trainer:
                 sft_targets=cfg.sft_coef > 0,
             )
             if not cfg.dynamic_sampling:
-                return episodes, samples, stats
+                return episodes, samples, self._slowest(stats)
             keep = informative_mask(samples, cfg)
             groups = list(dict.fromkeys(s.group_id for s in samples if not s.sft))
             informative = list(dict.fromkeys(s.group_id for s, k in zip(samples, keep, strict=True) if k))
             target = target or len(groups)
-            if len(informative) >= target:
+            if self._sum_over_ranks(len(informative) < target)[0] == 0:
                 break
         chosen = set(informative[:target])
         kept = [s for s, k in zip(samples, keep, strict=True) if k and s.group_id in chosen]
-        stats |= {
-            "filtered_samples": float(len(samples) - len(kept)),
-            "informative_share": len(informative) / len(groups) if groups else 0.0,
+        num_groups, num_informative, filtered = self._sum_over_ranks(
+            len(groups), len(informative), len(samples) - len(kept)
+        )
+        stats = self._slowest(stats) | {
+            "filtered_samples": filtered,
+            "informative_share": num_informative / num_groups if num_groups else 0.0,
             "sampling_rounds": float(attempt + 1),
         }
         return episodes, kept, stats
+
+    # ---- processes in lockstep ----------------------------------------------------------------------
+
+    def _sum_over_ranks(self, *values: float) -> list[float]:
+        """The sums of `values` over all processes (one all-reduce; the values themselves in one process)."""
+        if self.accelerator.num_processes == 1:
+            return [float(v) for v in values]
+        local = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.accelerator.device)
+        return self.accelerator.reduce(local, reduction="sum").tolist()
+
+    def _slowest(self, seconds: dict[str, float]) -> dict[str, float]:
+        """Per key, the largest of the processes' values (timings: a step waits for its slowest process)."""
+        merged: dict[str, float] = {}
+        for part in gather_object([seconds]):
+            for key, value in part.items():
+                merged[key] = max(merged.get(key, value), value)
+        return merged
+
+    def _mean_over_ranks(self, values: dict[str, list[float]]) -> dict[str, float]:
+        """Per key, the mean of every process's values."""
+        merged: dict[str, list[float]] = defaultdict(list)
+        for part in gather_object([dict(values)]):
+            for key, vals in part.items():
+                merged[key] += vals
+        return {key: float(np.mean(vals)) for key, vals in merged.items()}
+
+    def _in_lockstep(self, chunks: list[list[Sample]], accum: int) -> list[list[list[Sample] | None]]:
+        """Optimizer steps of `accum` micro-batches, as many steps of as many micro-batches on every
+        process: every DDP backward is a collective that each process must join, so a process with fewer
+        micro-batches than the longest pads with zero-weight ones (None)."""
+        longest = len(chunks)
+        if self.accelerator.num_processes > 1:
+            counts = self.accelerator.gather(torch.tensor([len(chunks)], device=self.accelerator.device))
+            longest = int(counts.max())
+        padded: list[list[Sample] | None] = [*chunks, *[None] * (longest - len(chunks))]
+        return [padded[i : i + accum] for i in range(0, longest, accum)]
+
+    def _padding_loss(self) -> torch.Tensor:
+        """The loss of a zero-weight micro-batch: one pad token through the model, times zero."""
+        filler = Sample([self.pad_id], [self.pad_id], [0], role="", episode_id=-1, group_id="", turn_index=0)
+        batch = collate([filler], self.pad_id).to(self.accelerator.device)
+        logprobs, values, _ = self.model(
+            batch.input_ids, batch.attention_mask, batch.target_index, batch.value_index
+        )
+        loss = logprobs.sum() * 0.0
+        return loss if values is None else loss + values.sum() * 0.0
+
+    def _whiten_over_ranks(self, samples: list[Sample]) -> None:
+        """GAE's `whiten_advantages`, with the mean and deviation of every process's samples."""
+        estimators = [self.config.estimator_of(r) for r in [*self.config.role_estimators, ""]]
+        if not any(e.estimator == "gae" and e.whiten_advantages for e in estimators):
+            return
+        parts = {
+            est: part
+            for est, part in by_estimator(samples, self.config).items()
+            if est.estimator == "gae" and est.whiten_advantages
+        }
+        everyone = gather_object([{est: [s.advantage for s in part] for est, part in parts.items()}])
+        rank = self.accelerator.process_index
+        for est, part in parts.items():
+            lists = [d.get(est, []) for d in everyone]
+            population = [a for advantages in lists for a in advantages]
+            whiten_samples(part, population, offset=sum(len(a) for a in lists[:rank]))
 
     # ---- update -------------------------------------------------------------------------------------
 
@@ -335,7 +476,9 @@ class Trainer:
 
     @torch.no_grad()
     def _score(self, samples: list[Sample]) -> None:
-        """Old logprobs (π_θold), reference logprobs (when penalized) and critic values, before updating."""
+        """Old logprobs (π_θold), reference logprobs (when penalized) and critic values, before updating.
+        Scored by the policy itself, not its DDP wrapper: no collective, so processes need not agree on
+        how many micro-batches they score."""
         self.policy.eval()
         need_old = self.config.old_logprobs == "recompute" or any(s.old_logprobs is None for s in samples)
         if not need_old and self.config.kl_coef == 0 and self.policy.value_head is None:
@@ -343,13 +486,11 @@ class Trainer:
         for chunk in self._micro_batches(samples, None):
             self.policy.activate(chunk[0].role)
             batch = collate(chunk, self.pad_id).to(self.accelerator.device)
-            logprobs, values, _ = self.model(
-                batch.input_ids, batch.attention_mask, batch.target_index, batch.value_index
-            )
-            ref = None
-            if self.config.kl_coef > 0:
-                with self.accelerator.autocast():  # the same precision as the policy's own logprobs
-                    ref = self.policy.reference_logprobs(batch)
+            with self.accelerator.autocast():  # as the prepared model computes in training
+                logprobs, values, _ = self.policy(
+                    batch.input_ids, batch.attention_mask, batch.target_index, batch.value_index
+                )
+                ref = self.policy.reference_logprobs(batch) if self.config.kl_coef > 0 else None
             for i, s in enumerate(chunk):
                 n = len(s.completion_ids)
                 if need_old:
@@ -361,95 +502,81 @@ class Trainer:
 
     def _update(self, samples: list[Sample]) -> dict[str, float]:
         self._score(samples)
-        assign_advantages(samples, self.config)
-        credit = credit_stats(samples)
+        assign_advantages(samples, self.config, whitening=False)
+        self._whiten_over_ranks(samples)
         stats: dict[str, list[float]] = defaultdict(list)
         skipped = updates = 0
         self.policy.train()
         for epoch in range(self.config.ppo_epochs):
             generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.step * 1009 + epoch)
             chunks = self._micro_batches(samples, generator)
-            for start in range(0, len(chunks), self.config.grad_accum):
-                ok, step_stats = self._optimizer_step(chunks[start : start + self.config.grad_accum])
+            for minibatch in self._in_lockstep(chunks, self.config.grad_accum):
+                ok, step_stats = self._optimizer_step(minibatch)
                 updates += 1
                 skipped += not ok
                 for k, v in step_stats.items():
                     stats[k].append(v)
         self.policy.eval()
-        out = {k: float(np.mean(v)) for k, v in stats.items()} | credit
-        out.update(updates=updates, skipped_updates=skipped)
-        return out
+        return self._mean_over_ranks(stats) | {"updates": updates, "skipped_updates": skipped}
 
     def _optimizer_step(
-        self, chunks: list[list[Sample]], optimizer=None, sft_coef: float | None = None
+        self, chunks: list[list[Sample] | None], optimizer=None, sft_coef: float | None = None
     ) -> tuple[bool, dict[str, float]]:
-        """Accumulate gradients over micro-batches, normalized by the whole mini-batch's token and sequence
-        counts, then clip and step — unless any loss or the gradient norm is not finite, in which case the
-        gradients are dropped and the weights and optimizer state stay untouched (see `_step_if_finite`).
-        Also measures the policy's token entropy on the trained tokens, per role. `optimizer` and
-        `sft_coef` default to the RL run's (the warm start passes its own)."""
+        """Accumulate gradients over micro-batches (None: a zero-weight padding one), normalized by the whole
+        mini-batch's token and sequence counts over all processes, then clip and step — unless any loss or
+        the gradient norm is not finite, in which case the gradients are dropped and the weights and
+        optimizer state stay untouched (see `_step_if_finite`). Also measures the policy's token entropy on
+        the trained tokens, per role. `optimizer` and `sft_coef` default to the RL run's (the warm start
+        passes its own)."""
         cfg = self.config
         optimizer = optimizer or self.optimizer
         sft_coef = cfg.sft_coef if sft_coef is None else sft_coef
         entropy_mode = "grad" if cfg.entropy_coef > 0 else "detached"
         entropy_sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-        num_tokens = float(sum(s.num_trained_tokens for c in chunks for s in c if not s.sft))
-        num_seqs = float(sum(not s.sft for c in chunks for s in c))
-        num_sft_tokens = float(sum(s.num_trained_tokens for c in chunks for s in c if s.sft))
-        num_critic = float(
-            sum(not s.sft and cfg.estimator_of(s.role).estimator == "gae" for c in chunks for s in c)
+        real = [s for c in chunks if c for s in c]
+        counts = self._sum_over_ranks(
+            sum(s.num_trained_tokens for s in real if not s.sft),
+            sum(not s.sft for s in real),
+            sum(s.num_trained_tokens for s in real if s.sft),
+            sum(not s.sft and cfg.estimator_of(s.role).estimator == "gae" for s in real),
+        )
+        # DDP averages the processes' gradients: normalized by 1/W of the totals, that average is the
+        # gradient of the single-process loss over the union of all processes' micro-batches
+        num_tokens, num_seqs, num_sft_tokens, num_critic = (
+            c / self.accelerator.num_processes for c in counts
         )
         stats: dict[str, list[float]] = defaultdict(list)
         finite = True
         for i, chunk in enumerate(chunks):
-            self.policy.activate(chunk[0].role)
-            batch = collate(chunk, self.pad_id).to(self.accelerator.device)
             sync = self.accelerator.no_sync(self.model) if i < len(chunks) - 1 else nullcontext()
             with sync:
+                if chunk is None:
+                    self.accelerator.backward(self._padding_loss())
+                    continue
+                self.policy.activate(chunk[0].role)
+                batch = collate(chunk, self.pad_id).to(self.accelerator.device)
+                sft = chunk[0].sft  # a micro-batch is all SFT or all RL samples (`_micro_batches`)
                 logprobs, values, entropy = self.model(
                     batch.input_ids,
                     batch.attention_mask,
                     batch.target_index,
                     batch.value_index,
-                    entropy="none" if chunk[0].sft else entropy_mode,
+                    entropy="none" if sft else entropy_mode,
+                    critic=not sft,
                 )
-                if chunk[0].sft:  # a micro-batch is all SFT or all RL samples (`_micro_batches`)
+                if sft:
                     out = sft_loss(logprobs, batch.loss_mask, sft_coef, num_sft_tokens)
                     finite = finite and bool(torch.isfinite(out.loss))
                     self.accelerator.backward(out.loss)
                     for k, v in out.stats.items():
                         stats[k].append(v)
                     continue
-                out = policy_loss(
-                    logprobs,
-                    batch.old_logprobs,
-                    batch.advantages,
-                    batch.loss_mask,
-                    clip_low=cfg.clip_low,
-                    clip_high=cfg.clip_high,
-                    level=cfg.ratio_level,
-                    agg=cfg.loss_agg,
-                    ref_logprobs=batch.ref_logprobs,
-                    kl_coef=cfg.kl_coef,
-                    kl_estimator=cfg.kl_estimator,
-                    num_tokens=num_tokens,
-                    num_seqs=num_seqs,
-                    entropy=entropy,
-                    entropy_coef=cfg.entropy_coef,
+                loss, out_stats = self._rl_loss(
+                    batch, chunk, logprobs, values, entropy, num_tokens, num_seqs, num_critic
                 )
-                loss = out.loss
-                rows = [i for i, s in enumerate(chunk) if cfg.estimator_of(s.role).estimator == "gae"]
-                if values is not None and rows:  # the critic learns only the turns GAE estimates
-                    idx = torch.tensor(rows, device=values.device)
-                    vout = value_loss(
-                        values[idx], batch.old_values[idx], batch.returns[idx], cfg.value_clip, num_critic
-                    )
-                    loss = loss + cfg.value_coef * vout.loss
-                    out.stats.update(vout.stats)
                 finite = finite and bool(torch.isfinite(loss))
                 self.accelerator.backward(loss)
-            out.stats["loss"] = loss.item()
-            for k, v in out.stats.items():
+            for k, v in out_stats.items():
                 stats[k].append(v)
             _add_entropy(entropy_sums, batch.roles, entropy, batch.loss_mask)
         params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -460,6 +587,48 @@ class Trainer:
         summary.update(_entropy_means(entropy_sums))
         summary["grad_norm"] = float(grad_norm)
         return ok, summary
+
+    def _rl_loss(
+        self,
+        batch: Batch,
+        chunk: list[Sample],
+        logprobs: torch.Tensor,
+        values: torch.Tensor | None,
+        entropy: torch.Tensor | None,
+        num_tokens: float,
+        num_seqs: float,
+        num_critic: float,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped policy loss of an RL micro-batch plus, for the turns GAE estimates, the critic's."""
+        cfg = self.config
+        out = policy_loss(
+            logprobs,
+            batch.old_logprobs,
+            batch.advantages,
+            batch.loss_mask,
+            clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high,
+            level=cfg.ratio_level,
+            agg=cfg.loss_agg,
+            ref_logprobs=batch.ref_logprobs,
+            kl_coef=cfg.kl_coef,
+            kl_estimator=cfg.kl_estimator,
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
+            entropy=entropy,
+            entropy_coef=cfg.entropy_coef,
+        )
+        loss = out.loss
+        rows = [i for i, s in enumerate(chunk) if cfg.estimator_of(s.role).estimator == "gae"]
+        if values is not None and rows:  # the critic learns only the turns GAE estimates
+            idx = torch.tensor(rows, device=values.device)
+            vout = value_loss(
+                values[idx], batch.old_values[idx], batch.returns[idx], cfg.value_clip, num_critic
+            )
+            loss = loss + cfg.value_coef * vout.loss
+            out.stats.update(vout.stats)
+        out.stats["loss"] = loss.item()
+        return loss, out.stats
 
     def _step_if_finite(self, finite: bool, grad_norm: torch.Tensor | float, optimizer) -> bool:
         """Apply the accumulated gradients unless a loss (on any process) or the gradient norm is not finite;
@@ -527,7 +696,8 @@ class Trainer:
         return episodes, scores
 
     def _fine_tune(self, episodes: list[Episode], optimizer, round_index: int) -> dict[str, float]:
-        """`epochs` shuffled passes of likelihood training over every parsed policy turn of `episodes`."""
+        """`epochs` shuffled passes of likelihood training over every parsed policy turn of `episodes` (the
+        same on every process; each process trains its share of the micro-batches)."""
         cfg = self.warm_start.config
         samples = ws.likelihood_samples(episodes, self.policy.tokenizer, self.config.roles or None)
         stats: dict[str, list[float]] = defaultdict(list)
@@ -539,16 +709,17 @@ class Trainer:
                 seed = self.config.seed * 1_000_003 + round_index * 1009 + epoch + 500_009  # apart from RL's
                 order = torch.Generator().manual_seed(seed)
                 chunks = self._micro_batches(samples, order, cfg.micro_batch_size)
-                bar.update(task, total=cfg.epochs * -(-len(chunks) // cfg.grad_accum))  # same every epoch
-                for first in range(0, len(chunks), cfg.grad_accum):
-                    batch = chunks[first : first + cfg.grad_accum]
-                    ok, step_stats = self._optimizer_step(batch, optimizer, 1.0)
+                mine = chunks[self.accelerator.process_index :: self.accelerator.num_processes]
+                minibatches = self._in_lockstep(mine, cfg.grad_accum)
+                bar.update(task, total=cfg.epochs * len(minibatches))  # same every epoch
+                for minibatch in minibatches:
+                    ok, step_stats = self._optimizer_step(minibatch, optimizer, 1.0)
                     updates, skipped = updates + 1, skipped + (not ok)
                     for k, v in step_stats.items():
                         stats[k].append(v)
                     bar.advance(task)
         self.policy.eval()
-        out = {k: float(np.mean(v)) for k, v in stats.items()}
+        out = self._mean_over_ranks(stats)
         return out | {"samples": float(len(samples)), "updates": float(updates), "skipped_updates": skipped}
 
     def _finish_round(self, round_index: int, kept: list[Episode], record: dict[str, Any]) -> None:
@@ -564,9 +735,9 @@ class Trainer:
             shutil.rmtree(tmp, ignore_errors=True)
             self.accelerator.unwrap_model(self.model).save(tmp / "policy")
             os.replace(tmp, final)
+            if self.on_step is not None:
+                self.on_step(record)
         self.accelerator.wait_for_everyone()
-        if self.on_step is not None:
-            self.on_step(record)
 
     # ---- logging ------------------------------------------------------------------------------------
 
@@ -575,25 +746,14 @@ class Trainer:
         return self.run_dir / LOG_NAME
 
     def _log(self, record: dict[str, Any]) -> None:
-        if self.on_step is not None:
-            self.on_step(record)
         if not self.accelerator.is_main_process:
             return
+        if self.on_step is not None:
+            self.on_step(record)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(_jsonable(record)) + "\n")
         self._track(record, "step")
-
-    def _trackers(self, accelerator: Accelerator | None) -> list[str]:
-        """The trackers this trainer starts: `report_to`, else TensorBoard when `config.tensorboard`; none
-        with a caller's accelerator, whose own trackers (`log_with`) are used."""
-        if accelerator is not None:
-            return []
-        if self.tracking.report_to is None:
-            return tracking.default_trackers(self.config.tensorboard)
-        names = tracking.trackers_for(self.tracking.report_to)
-        tracking.check_installed(names)
-        return names
 
     def _track(self, record: dict[str, Any], step_key: str, prefix: str = "") -> None:
         """Send a log record's numbers to the trackers (main process; started at the first record), with
@@ -611,23 +771,14 @@ class Trainer:
             self._tracking = False
 
     def _save_rollouts(self, episodes: list[Episode]) -> None:
-        """Traces for reading what the policy did: each episode's turns with completion, format flag and
-        reward (prompts and token ids left out; `searchteam eval` keeps them in full)."""
+        """Traces for reading what the policy did, every process's: each episode's turns with completion,
+        format flag and reward (prompts and token ids left out; `searchteam eval` keeps them in full)."""
+        lines = gather_object([json.dumps({"step": self.step + 1, **_trace(e)}) for e in episodes])
         if not self.accelerator.is_main_process:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with (self.run_dir / ROLLOUTS_NAME).open("a", encoding="utf-8") as fh:
-            for episode in episodes:
-                trace = episode.model_dump(
-                    mode="json",
-                    include={"question", "answer", "error", "meta", "turns"},
-                    exclude={
-                        "turns": {
-                            "__all__": {"messages", "prompt_token_ids", "completion_token_ids", "logprobs"}
-                        }
-                    },
-                )
-                fh.write(json.dumps({"step": self.step + 1, **trace}) + "\n")
+            fh.writelines(line + "\n" for line in lines)
 
     # ---- checkpoints --------------------------------------------------------------------------------
 
@@ -682,9 +833,10 @@ class Trainer:
         checkpoint = Path(checkpoint)
         state = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
         self.accelerator.unwrap_model(self.model).load(checkpoint / "policy")
-        self.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=True))
-        self.scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=True))
-        _set_rng_state(torch.load(checkpoint / "rng.pt", weights_only=False))
+        on_cpu = {"map_location": "cpu"}  # not onto the device of the process that saved it
+        self.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=True, **on_cpu))
+        self.scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=True, **on_cpu))
+        _set_rng_state(torch.load(checkpoint / "rng.pt", weights_only=False, **on_cpu))
         self.step = int(state["step"])
         self._truncate_log(self.step)
         return self.step
@@ -782,6 +934,20 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _trace(episode: Episode) -> dict[str, Any]:
+    """An episode for `rollouts.jsonl`: question, answer, meta and turns without prompts or token ids."""
+    return episode.model_dump(
+        mode="json",
+        include={"question", "answer", "error", "meta", "turns"},
+        exclude={"turns": {"__all__": {"messages", "prompt_token_ids", "completion_token_ids", "logprobs"}}},
+    )
+
+
+def _light(sample: Sample) -> Sample:
+    """A sample without its prompt and per-token lists, for the log statistics of all processes."""
+    return replace(sample, prompt_ids=[], loss_mask=[], old_logprobs=None, ref_logprobs=None)
 
 
 def _jsonable(record: dict[str, Any]) -> dict[str, Any]:
