@@ -69,6 +69,13 @@ def generation_kwargs(sampling: SamplingParams, pad_token_id: int | None = None)
     return kwargs
 
 
+def encode_prompts(tokenizer, requests: list[GenerationRequest]):
+    """The left-padded batch of `render_chat` prompts that `generate` runs on (no special tokens added:
+    the chat template holds them)."""
+    prompts = [render_chat(tokenizer, r) for r in requests]
+    return tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+
+
 def pick_device(device: str | None) -> str:
     if device and device != "auto":
         return device
@@ -146,8 +153,7 @@ class HFBackend:
         self, requests: list[GenerationRequest], sampling: SamplingParams
     ) -> list[Completion]:
         tok = self.tokenizer
-        prompts = [self.render(r) for r in requests]
-        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        enc = encode_prompts(tok, requests).to(self.device)
         kwargs = generation_kwargs(sampling, pad_token_id=tok.pad_token_id)
         if sampling.stop:
             kwargs.update(stop_strings=list(sampling.stop), tokenizer=tok)

@@ -399,7 +399,7 @@ def _lora_advice(detail: str, folder: Path | None) -> str:
     """What to do about a refused LoRA call: a reused name, an unreadable folder, or a server setup."""
     if "already been loaded" in detail:
         return "another process loads adapters under this backend's names (one loader per namespace)"
-    if "not found" in detail.lower() and "adapter" in detail.lower():
+    if "no adapter found" in detail.lower():  # vLLM's LoRAAdapterNotFoundError
         return "the server cannot read the adapter folder: trainer and server must share a filesystem"
     rank = f" (this adapter has r={r})" if folder and (r := _lora_rank(folder)) else ""
     return f"{LORA_HINT}{rank}"
