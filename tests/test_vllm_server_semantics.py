@@ -109,11 +109,10 @@ def _loaded_twice(fake: FakeVLLM) -> list[str]:
 # ---- item 1: adapter names ----------------------------------------------------------------------------
 
 
-def test_two_backends_on_one_server_do_not_collide(vllm, tmp_path, tokenizer):
+def test_two_backends_on_one_server_do_not_collide(vllm, tmp_path):
     """Two processes (ranks, or a run beside an eval) each loading per-role adapters, twice."""
     fake, url = vllm
-    one = OpenAIBackend("base", url, tokenizer=tokenizer, max_retries=0)
-    two = OpenAIBackend("base", url, tokenizer=tokenizer, max_retries=0)
+    one, two = OpenAIBackend("base", url, max_retries=0), OpenAIBackend("base", url, max_retries=0)
     for step in range(2):
         one.set_adapters(_adapters(tmp_path, f"one-{step}"))
         two.set_adapters(_adapters(tmp_path, f"two-{step}"))
@@ -141,15 +140,13 @@ def test_warm_start_then_rl_in_one_process_do_not_collide(vllm, tmp_path, role_p
     """The warm start's engine is dropped without closing; RL's engine then loads the same roles."""
     fake, url = vllm
     rollout_adapters = tmp_path / "run" / "rollout_adapters"
-    warm = OpenAIBackend("base", url, max_retries=0)
+    warm, rl = OpenAIBackend("base", url, max_retries=0), OpenAIBackend("base", url, max_retries=0)
     for _ in range(2):
         sync_adapters(role_policy, warm, rollout_adapters / "warm_start" / "rank0")
-    warm_names = set(warm.served_adapters.values())
-    rl = OpenAIBackend("base", url, max_retries=0)
     for _ in range(2):
         sync_adapters(role_policy, rl, rollout_adapters / "rank0")
     assert _loaded_twice(fake) == [] and set(rl.served_adapters) == set(ROLES)
-    assert not warm_names & set(rl.served_adapters.values())
+    assert not set(warm.served_adapters.values()) & set(rl.served_adapters.values())
     assert _ask(rl, ROLES) == [rl.served_adapters[r] for r in ROLES]
     del warm
     gc.collect()  # a dropped engine unloads what it loaded
@@ -157,26 +154,23 @@ def test_warm_start_then_rl_in_one_process_do_not_collide(vllm, tmp_path, role_p
 
 
 def test_a_resumed_run_unloads_the_stale_names_of_its_run_only(vllm, tmp_path, role_policy):
+    """A run killed after loading its adapters (it unloads nothing), another run on the same server and
+    an adapter loaded by hand; then the first run resumes."""
     fake, url = vllm
     root = tmp_path / "run" / "rollout_adapters" / "rank0"
-    crashed = OpenAIBackend("base", url, max_retries=0)
-    sync_adapters(role_policy, crashed, root)
-    crashed._finalizer.detach()  # a killed process unloads nothing
-    stale = set(crashed.served_adapters.values())
-    other_run = OpenAIBackend("base", url, namespace=run_namespace(tmp_path / "other"), max_retries=0)
-    other_run.set_adapters(_adapters(tmp_path, "other"))
-    unrelated = _adapters(tmp_path, "unrelated", ["x"])["x"]
-    fake.loras["my-own-lora"] = str(unrelated)  # loaded by hand (`--lora-modules`)
+    killed = OpenAIBackend("base", url, max_retries=0)  # kept alive: its exit-time unload never runs
+    sync_adapters(role_policy, killed, root)
+    other_run = OpenAIBackend("base", url, max_retries=0)
+    sync_adapters(role_policy, other_run, tmp_path / "other" / "rollout_adapters" / "rank0")
+    fake.loras["my-own-lora"] = str(_adapters(tmp_path, "mine", ["x"])["x"])  # `--lora-modules`
 
     resumed = OpenAIBackend("base", url, max_retries=0)
     sync_adapters(role_policy, resumed, root)
-    assert not stale & set(fake.loras)
-    assert {("unload", name) for name in stale} <= set(fake.lora_calls)
-    expected = (
-        set(resumed.served_adapters.values()) | set(other_run.served_adapters.values()) | {"my-own-lora"}
-    )
-    assert set(fake.loras) == expected
-    assert _loaded_twice(fake) == []
+    stale = set(killed.served_adapters.values())
+    assert not stale & set(fake.loras) and {("unload", name) for name in stale} <= set(fake.lora_calls)
+    kept = set(resumed.served_adapters.values()) | set(other_run.served_adapters.values()) | {"my-own-lora"}
+    assert set(fake.loras) == kept and _loaded_twice(fake) == []
+    assert all(name.startswith(run_namespace(root) + ":") for name in resumed.served_adapters.values())
 
 
 def test_the_main_process_loads_and_the_others_adopt(vllm, tmp_path, tokenizer):
@@ -217,10 +211,12 @@ def test_sampling_parameters_are_sent_explicitly(vllm, tokenizer, render):
     """The server holds Qwen2.5's generation_config (top_k 20, repetition penalty 1.05, top_p 0.8,
     temperature 0.7); what it samples with must still be the trainer's temperature softmax."""
     fake, url = vllm
-    backend = OpenAIBackend("base", url, tokenizer=tokenizer, render=render, max_retries=0)
+    given = {"tokenizer": tokenizer} if render == "client" else {}  # "base" has no local tokenizer
+    backend = OpenAIBackend("base", url, max_retries=0, **given)
     sampled = SamplingParams(max_new_tokens=64, temperature=1.0)
     backend.generate([GenerationRequest(list(CHATS[0]), sampled)])
     backend.generate([GenerationRequest(list(CHATS[0]), SamplingParams(max_new_tokens=64))])
+    assert ("prompt" in fake.requests[0]) == (render == "client")
     assert fake.sampled_with == [
         {**TRAINER_SAMPLING, "temperature": 1.0, "top_p": 1.0},
         {**TRAINER_SAMPLING, "temperature": 0.0, "top_p": 1.0},
@@ -300,20 +296,20 @@ def test_ov_generation_config_is_the_plain_softmax():
 # ---- item 3: prompts and token ids ---------------------------------------------------------------------
 
 
-def test_the_server_never_renders_a_chat(vllm, tokenizer):
+def test_the_server_never_renders_a_chat(tokenizer, tiny_model_dir):
     """The server's own template trims the assistant's continuation (as Llama-3's does); the client's
-    rendering is what it generates from."""
-    fake, url = vllm
-    fake.tokenizer = byte_tokenizer()
-    fake.tokenizer.chat_template = fake.tokenizer.chat_template.replace("m['content']", "m['content'] | trim")
-    backend = OpenAIBackend("base", url, tokenizer=tokenizer, max_retries=0)
+    rendering, with the model folder's tokenizer, is what it generates from."""
+    server_side = byte_tokenizer()
+    server_side.chat_template = server_side.chat_template.replace("m['content']", "m['content'] | trim")
+    fake = FakeVLLM(tokenizer=server_side, model=str(tiny_model_dir))
     continuation = "<search>Eiffel </search>\n\n<information>1887</information>\n\n"
     reqs = [GenerationRequest(list(CHATS[1])), GenerationRequest(list(CHATS[0]), continuation=continuation)]
-    outs = backend.generate(reqs)
+    with serve_on_loopback(fake.app()) as url:
+        outs = OpenAIBackend(str(tiny_model_dir), url, max_retries=0).generate(reqs)
     assert sorted(fake.prompts) == sorted(render_prompt_ids(tokenizer, r) for r in reqs)  # any order
     assert all("prompt" in body and "messages" not in body for body in fake.requests)
     assert sorted(o.prompt_token_ids for o in outs) == sorted(fake.prompts)
-    assert all(o.token_ids and o.text == "model=base" for o in outs)
+    assert all(o.token_ids and o.text == f"model={tiny_model_dir}" for o in outs)
 
 
 def test_training_fails_clearly_without_token_ids(tokenizer):
