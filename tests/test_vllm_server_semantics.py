@@ -195,6 +195,30 @@ def test_the_main_process_loads_and_the_others_adopt(vllm, tmp_path, tokenizer):
     assert fake.loras == {} and _ask(main, ["searcher"]) == ["base"]
 
 
+def test_sync_adapters_with_share_loads_once_for_every_process(vllm, tmp_path, role_policy):
+    """sync_adapters as several processes call it: the main one saves and loads, `share` (a broadcast)
+    hands its names to the others, which write no folder and make no call."""
+    fake, url = vllm
+    engines = [OpenAIBackend("base", url, max_retries=0) for _ in range(3)]
+    roots = [tmp_path / "run" / "rollout_adapters" / f"rank{rank}" for rank in range(3)]
+    slot: list[dict[str, str]] = []
+
+    def share(names: dict[str, str] | None) -> dict[str, str]:
+        if names is not None:  # the main process's call comes first in this sequential stand-in
+            slot[:] = [names]
+        return slot[0]
+
+    for _ in range(2):
+        for rank, (engine, root) in enumerate(zip(engines, roots, strict=True)):
+            sync_adapters(role_policy, engine, root, main=rank == 0, share=share)
+    assert [kind for kind, _ in fake.lora_calls] == ["load", "load", "load", "load", "unload", "unload"]
+    assert all(engine.served_adapters == slot[0] for engine in engines) and set(fake.loras) == set(
+        slot[0].values()
+    )
+    assert not roots[1].exists() and not roots[2].exists()
+    assert all(_ask(engine, ROLES) == [slot[0][r] for r in ROLES] for engine in engines)
+
+
 def test_unreadable_adapter_folder_says_to_share_the_filesystem(vllm, tmp_path, tokenizer):
     _, url = vllm
     backend = OpenAIBackend("base", url, tokenizer=tokenizer, max_retries=0)

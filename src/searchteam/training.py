@@ -298,23 +298,45 @@ def make_rollout(
     return rollout
 
 
-def sync_adapters(policy: Policy, engine, root: Path) -> float:
+def sync_adapters(
+    policy: Policy,
+    engine,
+    root: Path,
+    *,
+    main: bool = True,
+    share: Callable[[dict[str, str] | None], dict[str, str]] | None = None,
+) -> float:
     """Save the policy's adapters into a fresh folder under `root`, have `engine` load them, then delete
     the older folders (an engine may read its adapter files until it has the new ones). Returns seconds.
+
     A server engine (`openai`) first switches to training: prompts rendered with the policy's tokenizer
     and sent as token ids, token ids required back, adapter names in the namespace of `root` (stable over
-    a resume, whose stale names it unloads; distinct per stage and rank)."""
+    a resume, whose stale names it unloads). With several processes on one server pass `share`, a
+    collective call that hands every process the main process's `{role: served name}` (its argument there;
+    None elsewhere), e.g. accelerate's `broadcast_object_list`: then only the main process (`main`) saves
+    and loads, and the others adopt its names without a call to the server. In-process engines (`ov`)
+    ignore `share` and load on every process."""
     from searchteam.llm.openai import run_namespace
+
+    def save_and_load(load: Callable[[dict[str, Path]], Any]) -> Any:
+        root.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix="step-", dir=root))
+        loaded = load(policy.save_adapters(folder))
+        for old in root.iterdir():
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
+        return loaded
 
     start = time.perf_counter()
     if hasattr(engine, "for_training"):
         engine.for_training(policy.tokenizer, run_namespace(root))
-    root.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix="step-", dir=root))
-    engine.set_adapters(policy.save_adapters(folder))
-    for old in root.iterdir():
-        if old != folder:
-            shutil.rmtree(old, ignore_errors=True)
+    if share is not None and hasattr(engine, "adopt_adapters"):
+        names = save_and_load(engine.load_adapters) if main else None
+        shared = share(names)
+        if not main:
+            engine.adopt_adapters(shared)
+    else:
+        save_and_load(engine.set_adapters)
     return time.perf_counter() - start
 
 
