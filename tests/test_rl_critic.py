@@ -9,8 +9,8 @@ import torch
 
 from searchteam.rl.experience import Sample, collate
 from searchteam.rl.losses import value_loss
-from searchteam.rl.policy import CRITIC_ADAPTER, build_policy
-from tests.test_rl_trainer import config, tiny_model
+from searchteam.rl.policy import CRITIC_ADAPTER, build_policy, load_policy
+from tests.test_rl_trainer import config, save_tiny, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +124,53 @@ def test_init_from_adapters_only_restores_the_generating_weights(tokenizer, tmp_
         shared = build_policy(tiny_model(tokenizer, seed=1), tokenizer, config())
         with pytest.raises(ValueError, match="this policy"):
             shared.load_initial(tmp_path)
+
+
+def critic_and_policy_grads(tokenizer, model: str, checkpointing: bool) -> dict[str, torch.Tensor]:
+    """Gradients of one combined policy + value loss (as the trainer backpropagates it) on a separate
+    critic adapter of a policy loaded as training loads it, every trained weight non-zero so each
+    gradient path is live."""
+    cfg = config(estimator="gae", critic="separate", gradient_checkpointing=checkpointing)
+    policy = load_policy(model, cfg, device="cpu", dtype="float32")
+    torch.manual_seed(1)
+    for p in policy.parameters():
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.05)
+    policy.train()
+    b = batch(tokenizer)
+    logprobs, values, _ = policy(b.input_ids, b.attention_mask, b.target_index, b.value_index)
+    (-logprobs.sum() + value_loss(values, b.old_values, b.returns, None).loss).backward()
+    return {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
+
+
+def test_checkpointed_critic_pass_is_recomputed_with_the_critic_adapter(tokenizer, tmp_path):
+    """Activation checkpointing recomputes the critic's pass during backward, after the policy's adapter
+    is active again; the recomputation must use the critic's adapter, so the gradients equal those
+    without checkpointing (a stale adapter changed the critic LoRA's gradient by O(1))."""
+    model = save_tiny(tokenizer, tmp_path)
+    plain = critic_and_policy_grads(tokenizer, model, checkpointing=False)
+    checkpointed = critic_and_policy_grads(tokenizer, model, checkpointing=True)
+    assert plain.keys() == checkpointed.keys()
+    assert any(f".{CRITIC_ADAPTER}." in n for n in plain)
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_full_finetuning_critic_copy_does_not_train_its_unused_lm_head(tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    untied = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            tie_word_embeddings=False,
+        )
+    )
+    cfg = config(estimator="gae", critic="separate", full_ft=True)
+    policy = build_policy(untied, tokenizer, cfg)
+    trained = {n for n, p in policy.named_parameters() if p.requires_grad}
+    assert "critic_model.lm_head.weight" not in trained
+    assert "model.lm_head.weight" in trained and "critic_model.model.norm.weight" in trained

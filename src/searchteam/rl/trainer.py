@@ -232,6 +232,13 @@ def make_accelerator(
         project_dir=run_dir,
     )
     check_distributed(accelerator.distributed_type)
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if accelerator.num_processes != launched:
+        raise ConfigError(
+            f"{launched} processes were launched but accelerate sees {accelerator.num_processes}: its state "
+            "was set up before the trainer's (a PartialState() or Accelerator() created earlier without "
+            "cpu=True on a CPU machine); create the training accelerator first"
+        )
     return accelerator
 
 

@@ -1,0 +1,108 @@
+"""Data-parallel training in two real processes (torchrun, gloo on the CPU) with the real Trainer and Policy
+on a tiny random Llama: uneven shares of the data (rank 0 three turns per step, rank 1 nine, or none) finish
+within a bounded process-group timeout, every process ends with the same weights, the log covers both
+processes, and one update on two processes equals one update on one process over the union of their data."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests import dist_scenarios
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = [
+    "shared",
+    "per_role",
+    "critic_sft",
+    "empty",
+    "separate_full",
+    "critic_checkpointed",
+    "equivalence",
+]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    """Runs every scenario once in two processes; returns the folder of their results."""
+    out = tmp_path_factory.mktemp("ddp")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    done = subprocess.run(
+        [*command, "-m", "tests.dist_scenarios", str(out), *SCENARIOS],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out
+
+
+def results(out: Path, scenario: str) -> list[dict]:
+    return [torch.load(out / f"{scenario}-rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+
+def initial_weights(scenario: str) -> dict[str, torch.Tensor]:
+    tok = dist_scenarios.tokenizer()
+    cfg = dist_scenarios.config(scenario)
+    model = dist_scenarios.tiny_model(tok, tied=scenario != "separate_full")
+    return dist_scenarios.build_policy(model, tok, cfg).trainable_state_dict()
+
+
+@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s != "equivalence"])
+def test_uneven_ranks_finish_with_identical_weights(two_ranks: Path, scenario: str):
+    rank0, rank1 = results(two_ranks, scenario)
+    assert rank0["weights"].keys() == rank1["weights"].keys()
+    for name, tensor in rank0["weights"].items():
+        torch.testing.assert_close(tensor, rank1["weights"][name], rtol=0, atol=0, msg=name)
+    start = initial_weights(scenario)
+    moved = [n for n, t in rank0["weights"].items() if not torch.equal(t, start[n])]
+    assert moved, "training changed no weight"
+    assert len(rank0["grads"]) == len(rank1["grads"])  # as many optimizer steps on both
+
+
+def test_log_counts_every_process_and_names_the_world_size(two_ranks: Path):
+    log = [json.loads(line) for line in (two_ranks / "shared" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2]
+    assert all(r["world_size"] == 2 for r in log)
+    assert all(r["samples"] == 3 + 9 and r["episodes"] == 6 for r in log)
+    traces = (two_ranks / "shared" / "rollouts.jsonl").read_text().splitlines()
+    assert sorted({json.loads(t)["question"]["id"] for t in traces}) == ["s0-r0", "s0-r1", "s1-r0", "s1-r1"]
+    warm = json.loads((two_ranks / "shared" / "warm_start" / "log.jsonl").read_text())
+    assert warm["episodes"] == 2 + 6
+
+
+def test_a_process_without_samples_still_joins_every_update(two_ranks: Path):
+    rank0, rank1 = results(two_ranks, "empty")
+    assert [r["samples"] for r in rank0["records"]] == [3, 3]
+    assert [r["updates"] for r in rank1["records"]] == [2, 2]  # rank 0's two micro-batches, padded on rank 1
+
+
+def test_per_role_log_has_both_roles_of_both_processes(two_ranks: Path):
+    records = results(two_ranks, "per_role")[0]["records"]
+    assert records[0]["samples/plan"] == 3 + 3 and records[0]["samples/answer"] == 6
+
+
+def test_two_processes_compute_the_single_process_update_on_the_union(two_ranks: Path, tmp_path: Path):
+    """The loss is normalized by the counts of all processes, so DDP's average of the two processes'
+    gradients equals the gradient of one process over both processes' samples (one optimizer step)."""
+    torch.set_num_threads(1)
+    single = dist_scenarios.build("equivalence", tmp_path, [0, 1])
+    single.train()
+    rank0, _ = results(two_ranks, "equivalence")
+    assert len(single.grads) == len(rank0["grads"]) == 1
+    scale = max(g.abs().max().item() for g in single.grads[0].values())
+    assert scale > 1e-4  # a real gradient, not rounding noise around zero
+    for name, grad in single.grads[0].items():
+        torch.testing.assert_close(rank0["grads"][0][name], grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
+    weights = single.policy.trainable_state_dict()
+    for name, tensor in weights.items():
+        torch.testing.assert_close(rank0["weights"][name], tensor, rtol=1e-4, atol=1e-6, msg=name)
