@@ -132,7 +132,9 @@ def _chunk(
 def _stats(
     head: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float, entropy: EntropyMode
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    logits = fp32_logits(head, hidden) / temperature
+    logits = fp32_logits(head, hidden)
+    if temperature != 1.0:
+        logits.div_(temperature)  # in place: the projection does not keep its output for backward
     logprobs = logits.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     if entropy == "none":
         return logprobs, None
