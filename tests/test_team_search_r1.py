@@ -15,14 +15,23 @@ from tests.helpers import PASSAGES, TinyRetriever
 QUESTION = Question(id="q", question="Which novelist was German?", golden_answers=["Thomas Mann"])
 
 
-def run(responder, settings: TeamSettings | None = None) -> Episode:
+def run(
+    responder, settings: TeamSettings | None = None, sampling: Sampling | None = None, question=QUESTION
+) -> Episode:
+    return run_with_requests(responder, settings, sampling, question)[0]
+
+
+def run_with_requests(
+    responder, settings: TeamSettings | None = None, sampling: Sampling | None = None, question=QUESTION
+) -> tuple[Episode, list[GenerationRequest]]:
     team = get_team("search_r1", settings)
-    backends = make_backends({"policy": ScriptedLLM(responder)}, TinyRetriever(PASSAGES))
+    llm = ScriptedLLM(responder)
+    backends = make_backends({"policy": llm}, TinyRetriever(PASSAGES))
     episodes, _ = asyncio.run(
-        run_episodes(team.run, "search_r1", [QUESTION], backends, Sampling(), progress=False)
+        run_episodes(team.run, "search_r1", [question], backends, sampling or Sampling(), progress=False)
     )
     assert episodes[0].error is None, episodes[0].error
-    return episodes[0]
+    return episodes[0], llm.requests
 
 
 def search_then_answer(req: GenerationRequest) -> str:
@@ -150,6 +159,66 @@ def test_agent_sees_only_the_instruction_example_and_question():
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
     assert messages[-1]["content"] == f"Question: {QUESTION.question}"
     assert "call a search engine by <search> query </search>" in messages[0]["content"]
+
+
+# Search-R1's make_prefix (scripts/data_process/nq_search.py, template_type "base"), copied by hand: the
+# "your want" typo and the trailing newline are the paper's.
+PAPER_PROMPT = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you "
+    "get new information. After reasoning, if you find you lack some knowledge, you can call a search engine "
+    "by <search> query </search> and it will return the top searched results between <information> and "
+    "</information>. You can search as many times as your want. If you find no further external knowledge "
+    "needed, you can directly provide the answer inside <answer> and </answer>, without detailed "
+    "illustrations. For example, <answer> Beijing </answer>. Question: {question}\n"
+)
+
+
+def test_paper_prompt_is_search_r1_template_as_one_user_message():
+    question = Question(id="q", question="  who wrote the magic mountain ", golden_answers=["Thomas Mann"])
+    ep = run(search_then_answer, TeamSettings(options={"prompt": "paper"}), question=question)
+    want = [{"role": "user", "content": PAPER_PROMPT.format(question="who wrote the magic mountain?")}]
+    assert [t.messages for t in ep.turns] == [want, want]
+    assert ep.answer == "Thomas Mann"
+    # a question that ends with '?' keeps it once
+    ep = run(search_then_answer, TeamSettings(options={"prompt": "paper"}))
+    assert ep.turns[0].messages[0]["content"].endswith("Question: Which novelist was German?\n")
+
+
+def always_search_then_answer(req: GenerationRequest) -> str:
+    if req.continuation.endswith("<answer>"):
+        return " Thomas Mann </answer>"
+    return "<search> novelist </search>"
+
+
+def test_action_and_answer_budgets_are_options():
+    options = {"action_tokens": 500, "answer_tokens": 40}
+    _, requests = run_with_requests(always_search_then_answer, TeamSettings(max_turns=2, options=options))
+    assert [r.sampling.max_new_tokens for r in requests] == [500, 500, 40]
+    _, requests = run_with_requests(always_search_then_answer, TeamSettings(max_turns=2))
+    assert [r.sampling.max_new_tokens for r in requests] == [128, 128, 32]
+    # the run's per-role limit overrides both; its global max_new_tokens does not
+    sampling = Sampling(max_new_tokens=512, max_new_tokens_per_role={"agent": 64})
+    _, requests = run_with_requests(
+        always_search_then_answer, TeamSettings(max_turns=1, options=options), sampling
+    )
+    assert [r.sampling.max_new_tokens for r in requests] == [64, 64]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"prompt": "papers"}, {"action_tokens": 0}, {"answer_tokens": "500"}, {"action_tokens": True}],
+)
+def test_bad_options_are_refused(options):
+    with pytest.raises(ValueError, match="search_r1 option"):
+        get_team("search_r1", TeamSettings(options=options))
+
+
+def test_run_config_options_reach_the_team():
+    from searchteam.config import RunConfig
+    from searchteam.factory import build_team
+
+    team = build_team(RunConfig(method="search_r1", options={"prompt": "paper", "action_tokens": 500}))
+    assert team.prompt == "paper" and team.action_tokens == 500 and team.answer_tokens == 32
 
 
 @pytest.mark.model

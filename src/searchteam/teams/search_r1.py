@@ -7,7 +7,12 @@ ends the episode. The whole trajectory is a `Transcript`, so the `<information>`
 environment tokens (`turn.meta["env_spans"]`) that RL masks out of the loss.
 
 Role: `agent`. Settings: `top_k` passages per search (paper default 3), `max_turns` actions (default 4;
-Search-R1 counts invalid actions as turns too).
+Search-R1 counts invalid actions as turns too). Options:
+- `prompt`: `default` (instruction as the system message plus one worked example, sized for small models)
+  or `paper` (Search-R1's exact template as the one user message; see prompts/search_r1.yaml);
+- `action_tokens`: the token budget of each action (default 128; Search-R1's `max_response_length` is
+  500); `answer_tokens`: the budget of the forced final answer (default 32). A run's
+  `max_new_tokens_per_role: {agent: N}` still overrides both.
 
 Fallbacks (each flags a format error on the turn, never raises):
 - an output with neither `<search>…</search>` nor `<answer>…</answer>` (or an empty query): Search-R1's
@@ -23,14 +28,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 from searchteam.runtime.context import Context
-from searchteam.teams.base import Team
+from searchteam.teams.base import Team, TeamSettings
 from searchteam.teams.parsing import tag_pairs
 from searchteam.teams.transcript import Transcript, information_block
-from searchteam.types import Question
+from searchteam.types import Message, Question
 
 ACTION_STOP = ("</search>", "</answer>")
 ACTION_TOKENS = 128
 ANSWER_TOKENS = 32
+PROMPTS = ("default", "paper")
 
 
 @dataclass(frozen=True)
@@ -60,14 +66,32 @@ class SearchR1(Team):
     )
     default_top_k = 3  # Search-R1 retrieves the top-3 passages per search
     roles = ("agent",)
+    option_names = ("prompt", "action_tokens", "answer_tokens")
+
+    def __init__(self, settings: TeamSettings | None = None) -> None:
+        super().__init__(settings)
+        options = self.settings.options
+        self.prompt = str(options.get("prompt", "default"))
+        if self.prompt not in PROMPTS:
+            raise ValueError(f"search_r1 option prompt: '{self.prompt}' is not one of {', '.join(PROMPTS)}")
+        self.action_tokens = _positive(options, "action_tokens", ACTION_TOKENS)
+        self.answer_tokens = _positive(options, "answer_tokens", ANSWER_TOKENS)
+
+    def messages(self, question: str) -> list[Message]:
+        """The agent's prompt: our default chat, or Search-R1's template as its data scripts fill it."""
+        if self.prompt == "default":
+            return self.chat(question=question)
+        question = question.strip()
+        question += "" if question.endswith("?") else "?"
+        return [{"role": "user", "content": self.prompts["paper"]["user"].format(question=question)}]
 
     async def run(self, q: Question, ctx: Context) -> str:
-        messages = self.chat(question=q.question)
+        messages = self.messages(q.question)
         transcript = Transcript(ctx.episode)
         for step in range(self.settings.max_turns):
             ctx.step = step
             turn = await transcript.generate(
-                ctx, "agent", messages, stop=ACTION_STOP, max_new_tokens=ACTION_TOKENS
+                ctx, "agent", messages, stop=ACTION_STOP, max_new_tokens=self.action_tokens
             )
             action = parse_action(turn.completion)
             state: dict[str, object] = {"action": action.kind}
@@ -84,6 +108,13 @@ class SearchR1(Team):
             ctx.snapshot(state)
         # budget spent: the final rollout must answer
         ctx.step = self.settings.max_turns
-        answer = await transcript.force_answer(ctx, "agent", messages, max_new_tokens=ANSWER_TOKENS)
+        answer = await transcript.force_answer(ctx, "agent", messages, max_new_tokens=self.answer_tokens)
         ctx.snapshot({"action": "forced_answer"})
         return answer
+
+
+def _positive(options: dict[str, object], key: str, default: int) -> int:
+    value = options.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"search_r1 option {key}: {value!r} is not a positive number of tokens")
+    return value
