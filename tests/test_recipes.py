@@ -1,0 +1,63 @@
+"""Every shipped training recipe loads, builds its team, names a backend that exists and samples rollouts
+from the distribution the trainer scores; the GPU recipes state the memory they need and fit one card."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+from searchteam.config import SHIPPED_CONFIGS, RunConfig
+from searchteam.factory import build_team
+from searchteam.rl.memory import QWEN25, estimate_memory
+from searchteam.training import load_train_run_config
+
+RECIPES = sorted(SHIPPED_CONFIGS.glob("train-*.yaml"))
+GPU_RECIPES = [p for p in RECIPES if p.stem.endswith("-gpu")]
+BACKENDS = get_args(RunConfig.model_fields["backend"].annotation)
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_recipe_loads_with_a_backend_and_the_trained_sampling(path: Path):
+    cfg = load_train_run_config(path, {})
+    build_team(cfg)  # method, roles, options all known
+    assert cfg.backend in BACKENDS and cfg.judge_backend in BACKENDS
+    if cfg.backend == "openai":
+        assert cfg.base_url, "an openai backend needs the server's base_url"
+    # rollouts sample the untruncated softmax at the temperature the trainer scores
+    assert cfg.temperature > 0 and cfg.temperature == cfg.train.temperature
+    assert cfg.top_p == 1.0
+
+
+def test_gpu_recipes_exist():
+    assert {p.stem for p in GPU_RECIPES} >= {"train-mask-gpu", "train-search_r1-gpu"}
+
+
+@pytest.mark.parametrize("path", GPU_RECIPES, ids=lambda p: p.stem)
+def test_gpu_recipe_states_a_memory_that_fits_one_card(path: Path):
+    """The header's `memory per process: N GiB` is the estimate for the recipe's model and settings at the
+    micro-batch length it states, and fits an 80 GB card."""
+    text = path.read_text()
+    found = re.search(
+        r"memory per process: ≈ ?([\d.]+) GiB .*?micro-batch of (\d+) tokens", text, re.S | re.I
+    )
+    assert found, "a GPU recipe's header states its memory per process"
+    stated, tokens = float(found[1]), int(found[2])
+    cfg = load_train_run_config(path, {})
+    assert not cfg.train.full_ft and cfg.dtype == "bfloat16"
+    shape = next(s for name, s in QWEN25.items() if name in cfg.model)
+    rollout = re.search(r"hf rollouts of (\d+) tokens", text)
+    est = estimate_memory(
+        shape,
+        tokens=tokens,
+        lora_r=cfg.train.lora_r,
+        lora_targets=cfg.train.lora_targets,
+        critic=cfg.train.critic if cfg.train.uses_critic else "none",
+        kl=cfg.train.kl_coef > 0,
+        gradient_checkpointing=cfg.train.gradient_checkpointing,
+        rollout_tokens=int(rollout[1]) if rollout else 0,
+    )
+    assert est.gib()["total"] == pytest.approx(stated, abs=0.05)
+    assert stated < 70  # an 80 GB card, with room for the CUDA context and fragmentation
