@@ -67,6 +67,12 @@ def test_lora_estimate_by_hand():
     assert est.total == 696 + 4096 + 80 + 1360 + 30880 + 80
     no_ckpt = estimate_memory(TINY, tokens=10, lora_r=2, gradient_checkpointing=False)
     assert no_ckpt.activations == 2 * 10 * 60 * 2
+    # a separate critic: its own adapter and value head, and a second pass's layer inputs
+    separate = estimate_memory(TINY, tokens=10, lora_r=2, critic="separate")
+    assert separate.critic == (256 + 5) * 16
+    assert separate.activations == 2 * (2 * 10 * 4 * 2) + 10 * 60 * 2
+    no_ckpt = estimate_memory(TINY, tokens=10, lora_r=2, critic="separate", gradient_checkpointing=False)
+    assert no_ckpt.activations == 2 * 2 * 10 * 60 * 2
 
 
 def test_full_fine_tuning_with_a_critic_copy_does_not_fit():

@@ -7,7 +7,8 @@ Terms, in bytes (bf16 = 2, fp32 = 4):
   (LoRA adapters; or the whole model with full fine-tuning, whose fp32 master weights `mixed_precision`
   keeps);
 - critic: `head` is a linear layer on the policy's hidden state; `separate` is its own LoRA adapter (16
-  bytes a parameter) or, with full fine-tuning, its own trained copy of the model;
+  bytes a parameter) or, with full fine-tuning, its own trained copy of the model, and a second decoder
+  pass whose activations count twice;
 - reference: the frozen initial policy for the KL penalty: free with LoRA (adapters disabled), a bf16 copy
   with full fine-tuning;
 - activations: what the backward pass keeps for `tokens` = micro-batch × sequence length. A decoder layer
@@ -153,7 +154,9 @@ def estimate_memory(
         trainable=trained * ADAMW_TRAINED,
         critic=_critic_bytes(shape, critic, full_ft, lora_r, lora_targets),
         reference=params * BF16 if kl and full_ft else 0,
-        activations=activation_bytes(shape, tokens, gradient_checkpointing),
+        activations=activation_bytes(
+            shape, tokens, gradient_checkpointing, passes=2 if critic == "separate" else 1
+        ),
         head=head_bytes(shape),
         kv_cache=rollout_tokens * shape.layers * 2 * shape.kv_dim * BF16,
     )
@@ -170,12 +173,13 @@ def _critic_bytes(
     return (copy + shape.hidden + 1) * ADAMW_TRAINED
 
 
-def activation_bytes(shape: ModelShape, tokens: int, gradient_checkpointing: bool) -> int:
-    """What the backward pass keeps for `tokens` tokens, in bf16."""
+def activation_bytes(shape: ModelShape, tokens: int, gradient_checkpointing: bool, passes: int = 1) -> int:
+    """What the backward pass keeps for `tokens` tokens, in bf16, over `passes` decoder passes (2 with a
+    separate critic: the critic's own pass over the same tokens)."""
     layer = tokens * shape.activation_values() * BF16
     if not gradient_checkpointing:
-        return shape.layers * layer
-    return shape.layers * tokens * shape.hidden * BF16 + layer
+        return passes * shape.layers * layer
+    return passes * shape.layers * tokens * shape.hidden * BF16 + layer  # one layer recomputed at a time
 
 
 def head_bytes(shape: ModelShape, chunk: int = CHUNK_POSITIONS) -> int:
