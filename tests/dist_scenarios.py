@@ -16,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from searchteam.rl.config import TrainConfig, WarmStartConfig
 from searchteam.rl.policy import Policy, build_policy
-from searchteam.rl.trainer import Trainer
+from searchteam.rl.trainer import Trainer, make_accelerator
 from searchteam.rl.warm_start import WarmStart
 from searchteam.types import Episode, Question, Turn
 
@@ -154,8 +154,29 @@ def build(scenario: str, out: Path, ranks: list[int]) -> RecordingTrainer:
     return RecordingTrainer(policy, rollout, lambda episodes: None, cfg, out, warm_start=stage)
 
 
+def sync_with_one_server(out: Path, rank: int) -> None:
+    """Two adapter syncs of a per-role policy against one (fake) vLLM server at $FAKE_VLLM_URL, as the
+    rollouts of several processes do them: the main process loads, the others adopt its broadcast names."""
+    from searchteam.llm.openai import OpenAIBackend
+    from searchteam.training import broadcast_from_main, sync_adapters
+
+    tok = tokenizer()
+    cfg = config("per_role")
+    make_accelerator(cfg, out)  # the process group
+    policy = build_policy(tiny_model(tok), tok, cfg)
+    engine = OpenAIBackend("base", os.environ["FAKE_VLLM_URL"], max_retries=0)
+    served = []
+    for _ in range(2):
+        sync_adapters(policy, engine, out / "server" / "rank0", main=rank == 0, share=broadcast_from_main)
+        served.append(dict(engine.served_adapters))
+    torch.save({"served": served}, out / f"server-rank{rank}.pt")
+
+
 def run(out: Path, scenario: str) -> None:
     rank = int(os.environ["RANK"])  # the trainer's accelerator sets the process group up, not this
+    if scenario == "server":
+        sync_with_one_server(out, rank)
+        return
     trainer = build(scenario, out / scenario, [rank])
     records = trainer.train()
     result = {"weights": trainer.policy.trainable_state_dict(), "grads": trainer.grads, "records": records}

@@ -9,15 +9,18 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests import dist_scenarios
+from tests.fake_vllm import FakeVLLM
+from tests.helpers import serve_on_loopback
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = [
+TRAINING = [
     "shared",
     "per_role",
     "critic_sft",
@@ -29,13 +32,21 @@ SCENARIOS = [
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory) -> Path:
+def fake_vllm() -> Iterator[tuple[FakeVLLM, str]]:
+    fake = FakeVLLM(dist_scenarios.tokenizer(), model="base")
+    with serve_on_loopback(fake.app()) as url:
+        yield fake, url
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, fake_vllm) -> Path:
     """Runs every scenario once in two processes; returns the folder of their results."""
     out = tmp_path_factory.mktemp("ddp")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    env["FAKE_VLLM_URL"] = fake_vllm[1]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     done = subprocess.run(
-        [*command, "-m", "tests.dist_scenarios", str(out), *SCENARIOS],
+        [*command, "-m", "tests.dist_scenarios", str(out), *TRAINING, "server"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -57,7 +68,7 @@ def initial_weights(scenario: str) -> dict[str, torch.Tensor]:
     return dist_scenarios.build_policy(model, tok, cfg).trainable_state_dict()
 
 
-@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s != "equivalence"])
+@pytest.mark.parametrize("scenario", [s for s in TRAINING if s != "equivalence"])
 def test_uneven_ranks_finish_with_identical_weights(two_ranks: Path, scenario: str):
     rank0, rank1 = results(two_ranks, scenario)
     assert rank0["weights"].keys() == rank1["weights"].keys()
@@ -106,3 +117,20 @@ def test_two_processes_compute_the_single_process_update_on_the_union(two_ranks:
     weights = single.policy.trainable_state_dict()
     for name, tensor in weights.items():
         torch.testing.assert_close(rank0["weights"][name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_processes_on_one_server_load_each_adapter_once(two_ranks: Path, fake_vllm):
+    """Adapter sync through a vLLM server from two processes: the main process loads each role's adapter
+    once per update and the other uses the broadcast names (no duplicate-name refusal, no second copy);
+    the main process unloads its adapters when it exits."""
+    fake, _ = fake_vllm
+    served = [torch.load(two_ranks / f"server-rank{r}.pt")["served"] for r in (0, 1)]
+    assert served[0] == served[1]
+    assert [sorted(s) for s in served[0]] == [["answer", "plan"]] * 2 and served[0][0] != served[0][1]
+    # two loads per update, the first update's names unloaded after the second, the last at exit
+    assert [kind for kind, _ in fake.lora_calls] == ["load"] * 4 + ["unload"] * 4
+    assert [name for kind, name in fake.lora_calls if kind == "load"] == [
+        name for update in served[0] for name in update.values()
+    ]
+    assert fake.loras == {}
+    assert not (two_ranks / "server" / "rank1").exists()

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import yaml
 from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list
 from pydantic import Field, field_validator
 
 from searchteam.config import SHIPPED_CONFIGS, ConfigError, RunConfig, load_config
@@ -255,10 +256,16 @@ def make_rollout(
     sampling = build_sampling(cfg)
     timings: dict[str, float] = {}
 
+    # processes on one server: the main process loads the adapters, the others adopt its served names
+    shared = world > 1 and hasattr(backend, "adopt_adapters")
+    share = broadcast_from_main if shared else None
+
     def rollout(step: int, attempt: int = 0) -> list[Episode]:
         timings.clear()
         if engine not in ("hf", "teacher") and attempt == 0:  # the weights changed in the last update
-            timings["time/weight_sync"] = sync_adapters(policy, backend, workdir / f"rank{rank}")
+            timings["time/weight_sync"] = sync_adapters(
+                policy, backend, workdir / f"rank{0 if shared else rank}", main=rank == 0, share=share
+            )
         per_step, shard = cfg.questions_per_step, {"rank": rank, "world": world}
         if attempt:
             batch = resample_questions(questions, step, attempt, per_step, cfg.seed, **shard)
@@ -295,7 +302,13 @@ def make_rollout(
         return episodes
 
     rollout.timings = timings  # type: ignore[attr-defined]  # read by the trainer after each call
+    rollout.close = getattr(backend, "close", lambda: None)  # type: ignore[attr-defined]  # unloads adapters
     return rollout
+
+
+def broadcast_from_main(value: Any) -> Any:
+    """The main process's `value`, on every process (a collective: every process must call it)."""
+    return broadcast_object_list([value])[0]
 
 
 def sync_adapters(
@@ -362,16 +375,19 @@ def build_trainer(
     accelerator = accelerator or make_accelerator(cfg.train, out, tracked, device=cfg.device)
     shard = {"rank": accelerator.process_index, "world": accelerator.num_processes}
     check_shardable(cfg, shard["world"])
-    policy = load_policy(cfg.model, cfg.train, device=accelerator.device, dtype=cfg.dtype)
-    if initial is not None:
-        policy.load_initial(initial)
-    if cfg.judge_model:
-        reward = build_reward_scheme(
-            cfg.method, cfg.reward, judge=build_llm(cfg.judge_model, device=cfg.device)
-        )
-    out.mkdir(parents=True, exist_ok=True)
-    questions = training_questions(cfg)
-    rollout = make_rollout(cfg, team, policy, questions, out / "rollout_adapters", **shard)
+    # the main process fills the caches first (converted models, engine exports, indexes): transformers
+    # writes no weights from a process of rank > 0
+    with accelerator.main_process_first():
+        policy = load_policy(cfg.model, cfg.train, device=accelerator.device, dtype=cfg.dtype)
+        if initial is not None:
+            policy.load_initial(initial)
+        if cfg.judge_model:
+            reward = build_reward_scheme(
+                cfg.method, cfg.reward, judge=build_llm(cfg.judge_model, device=cfg.device)
+            )
+        out.mkdir(parents=True, exist_ok=True)
+        questions = training_questions(cfg)
+        rollout = make_rollout(cfg, team, policy, questions, out / "rollout_adapters", **shard)
     warm = None
     if warm_cfg and warm_team:
         warm = warm_start_stage(warm_cfg, warm_team, policy, questions, out, **shard)
@@ -486,6 +502,7 @@ def warm_start_stage(
             )
         episodes = rollout[0](round_index - 1)
         if round_index == ws.rounds:
+            rollout[0].close()  # type: ignore[attr-defined]
             rollout.clear()  # frees the stage's engine (or teacher) before RL builds its own
         return episodes
 

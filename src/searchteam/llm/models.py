@@ -238,3 +238,6 @@ def _write_checkpoint(preset: GGUFPreset, workdir: Path, out: Path) -> None:
         del model.config.quantization_config
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    problem = checkpoint_problem(out)
+    if problem:  # transformers skips the weights on a process of rank > 0 of a torch.distributed group
+        raise RuntimeError(f"converting {preset.name} wrote no whole checkpoint ({problem})")
