@@ -134,3 +134,48 @@ def test_processes_on_one_server_load_each_adapter_once(two_ranks: Path, fake_vl
     ]
     assert fake.loras == {}
     assert not (two_ranks / "server" / "rank1").exists()
+
+
+@pytest.mark.parametrize("kind", ["FSDP", "DEEPSPEED", "MEGATRON_LM", "XLA"])
+def test_distributed_modes_that_do_not_work_are_refused_in_one_line(kind: str):
+    from accelerate.utils import DistributedType
+
+    from searchteam.config import ConfigError
+    from searchteam.rl.trainer import check_distributed
+
+    with pytest.raises(ConfigError, match=r"not supported.*--num-processes N") as refused:
+        check_distributed(DistributedType[kind])
+    assert "\n" not in str(refused.value)
+    for supported in ("NO", "MULTI_CPU", "MULTI_GPU"):
+        check_distributed(DistributedType[supported])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "unused"),
+    [
+        ({}, False),
+        ({"lora_per_role": True, "roles": ["plan", "answer"]}, True),  # other roles' adapters idle
+        ({"estimator": "gae"}, True),  # the critic idle on SFT micro-batches and in the warm start
+        ({"role_estimators": {"searcher": {"estimator": "gae"}}, "roles": ["searcher", "generator"]}, True),
+    ],
+)
+def test_ddp_tolerates_unused_parameters_where_a_micro_batch_can_leave_some_out(tmp_path, overrides, unused):
+    from searchteam.rl.config import TrainConfig
+    from searchteam.rl.trainer import make_accelerator
+
+    accelerator = make_accelerator(TrainConfig(tensorboard=False, **overrides), tmp_path)
+    assert accelerator.ddp_handler.find_unused_parameters is unused
+    assert accelerator.ddp_handler.broadcast_buffers is False  # no collective in a forward pass
+
+
+def test_train_refuses_a_question_count_the_processes_cannot_share_before_launching(tmp_path):
+    from typer.testing import CliRunner
+
+    from searchteam.cli import app
+
+    result = CliRunner().invoke(
+        app, ["train", "--config", "train-naive_rag-cpu", "--num-processes", "3", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 2
+    assert "questions_per_step (4) must be a multiple of the number of processes (3)" in result.output
+    assert not list(tmp_path.iterdir())
