@@ -50,6 +50,26 @@ def test_f1_partial_and_empty():
     assert f1_score("café", ["Café"]) == 1.0
 
 
+@pytest.mark.parametrize(
+    ("prediction", "golds", "f1"),
+    [
+        # HotpotQA's rule: a yes/no/noanswer gold or prediction scores 0 unless the two are equal
+        ("No, they are not the same", ["no"], 0.0),  # token overlap alone: p 1/5, r 1 -> 1/3
+        ("yes", ["yes"], 1.0),
+        ("Yes.", ["yes"], 1.0),  # equal after normalization
+        ("no", ["No way"], 0.0),  # the prediction is closed; overlap alone: p 1, r 1/2 -> 2/3
+        ("noanswer", ["no answer"], 0.0),
+        ("Paris France", ["Paris"], 2 / 3),  # p 1/2, r 1
+        # a gold list mixing yes and an entity: the yes gold gives 0, "Paris" gives p 1/2, r 1
+        ("yes Paris", ["yes", "Paris"], 2 / 3),
+        ("yes", ["Paris", "yes"], 1.0),
+        ("yes", ["Paris", "no"], 0.0),
+    ],
+)
+def test_f1_hotpotqa_closed_answer_rule(prediction, golds, f1):
+    assert f1_score(prediction, golds) == pytest.approx(f1)
+
+
 def test_hit_and_sufficiency():
     assert hit("Paris is the capital of France.", ["paris"]) == 1.0
     assert sufficiency(["nothing here", "the capital, Paris"], ["Paris"]) == 1.0

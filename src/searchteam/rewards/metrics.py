@@ -40,9 +40,17 @@ def substring_match(prediction: str, golds: Sequence[str]) -> float:
     return float(any((g := normalize_answer(gold)) and g in pred for gold in golds))
 
 
+# HotpotQA's closed answers: a prediction or gold that normalizes to one of these scores F1 only by equality.
+CLOSED_ANSWERS = frozenset({"yes", "no", "noanswer"})
+
+
 def _token_f1(prediction: str, gold: str) -> float:
-    pred_tokens = normalize_answer(prediction).split()
-    gold_tokens = normalize_answer(gold).split()
+    """Token F1 of one gold, with HotpotQA's rule (`hotpot_evaluate_v1.py`, FlashRAG's `F1_Score`): when the
+    normalized prediction or gold is yes/no/noanswer and the two differ, F1 is 0, not a token overlap."""
+    pred, ref = normalize_answer(prediction), normalize_answer(gold)
+    if pred != ref and (pred in CLOSED_ANSWERS or ref in CLOSED_ANSWERS):
+        return 0.0
+    pred_tokens, gold_tokens = pred.split(), ref.split()
     common = Counter(pred_tokens) & Counter(gold_tokens)
     overlap = sum(common.values())
     if overlap == 0:
@@ -53,6 +61,7 @@ def _token_f1(prediction: str, gold: str) -> float:
 
 
 def f1_score(prediction: str, golds: Sequence[str]) -> float:
+    """Token F1, best over golds, as HotpotQA's official script and FlashRAG's `f1` score it."""
     return max((_token_f1(prediction, g) for g in golds), default=0.0)
 
 
