@@ -136,7 +136,8 @@ USER = [{"role": "user", "content": "capital of France?"}]
         ({"model": "naive_rag", "messages": [{"role": "system", "content": "x"}]}, 400, "no user message"),
         ({"model": "naive_rag", "messages": [{"role": "user", "content": None}]}, 400, "no text"),
         ({"model": "naive_rag", "messages": [{"role": "user", "content": ""}]}, 422, "non-empty"),
-        ({"model": "naive_rag", "messages": USER, "stream": True}, 400, "streaming is not supported"),
+        ({"model": "naive_rag", "messages": USER, "stream": "yes"}, 400, "'stream' must be true or false"),
+        ({"model": "naive_rag", "messages": USER, "stream_options": {}}, 400, "only allowed when 'stream'"),
         ({"model": "naive_rag", "messages": USER, "n": 2}, 400, "only n=1"),
     ],
 )

@@ -4,6 +4,7 @@ size (413), time (504) and requests in flight (503 with `Retry-After`), as ASGI 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +41,7 @@ class BoundedApp:
     - A body longer than `max_body_bytes`: 413, from its Content-Length before reading it, or as soon as a
       chunked body passes the limit; the connection is closed so the rest is never read.
     - A request not answered within `request_timeout_s` (its body read included): its work is cancelled and
-      it gets a 504.
+      it gets a 504; a server-sent event stream already under way ends with an `error` event instead.
 
     The body is read here and handed on whole, so the app behind never sees more than the limit.
     """
@@ -67,11 +68,15 @@ class BoundedApp:
             gate.pending -= 1
 
     async def _within_time(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = False
+        started = streaming = False
 
         async def tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
+            nonlocal started, streaming
+            if message["type"] == "http.response.start":
+                started = True
+                streaming = (b"content-type", b"text/event-stream") in [
+                    (name.lower(), value.split(b";")[0].strip()) for name, value in message["headers"]
+                ]
             await send(message)
 
         deadline = asyncio.timeout(self.gate.request_timeout_s)
@@ -81,10 +86,15 @@ class BoundedApp:
                 if body is not None:
                     await self.app(scope, _replay(body, receive), tracked)
         except TimeoutError:
-            if started or not deadline.expired():
+            if not deadline.expired() or (started and not streaming):
                 raise  # not ours, or the answer has begun: the connection is closed mid-response
             limit = self.gate.request_timeout_s
-            await self._reply(scope, send, 504, f"no answer within the server's {limit:g} s request timeout")
+            message = f"no answer within the server's {limit:g} s request timeout"
+            if not started:
+                await self._reply(scope, send, 504, message)
+                return
+            event = f"event: error\ndata: {json.dumps(self.error_body(scope['path'], 504, message))}\n\n"
+            await send({"type": "http.response.body", "body": event.encode(), "more_body": False})
 
     async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The whole body, or None once a 413 was sent (or the client went away)."""

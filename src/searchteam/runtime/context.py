@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +12,7 @@ from searchteam.runtime.batcher import Batcher
 from searchteam.types import Episode, Message, Passage, Retrieval, Turn
 
 SearchRequest = tuple[str, int]
+TurnHook = Callable[[Episode, Turn], None]  # told of each turn as it is recorded (e.g. to stream it)
 
 
 @dataclass
@@ -42,12 +44,18 @@ class Context:
     """Per-episode handle. Every LLM call becomes a Turn, every search a Retrieval, on `self.episode`."""
 
     def __init__(
-        self, episode: Episode, backends: Backends, sampling: Sampling, training: bool = False
+        self,
+        episode: Episode,
+        backends: Backends,
+        sampling: Sampling,
+        training: bool = False,
+        on_turn: TurnHook | None = None,
     ) -> None:
         self.episode = episode
         self.backends = backends
         self.sampling = sampling
         self.training = training
+        self.on_turn = on_turn
         self.step = 0
 
     async def llm(
@@ -87,6 +95,8 @@ class Context:
         if continuation:
             turn.meta.update(continuation=continuation, continuation_chars=len(continuation))
         self.episode.turns.append(turn)
+        if self.on_turn is not None:
+            self.on_turn(self.episode, turn)
         return turn
 
     async def search(self, query: str, k: int) -> list[Passage]:

@@ -11,7 +11,7 @@ from searchteam.llm.base import LLM, Completion, GenerationRequest, LLMError
 from searchteam.progress import progress_bar
 from searchteam.retrieval.base import RetrievalError, Retriever
 from searchteam.runtime.batcher import Batcher
-from searchteam.runtime.context import Backends, Context, Sampling, SearchRequest
+from searchteam.runtime.context import Backends, Context, Sampling, SearchRequest, TurnHook
 from searchteam.types import Episode, Passage, Question
 
 TeamRun = Callable[[Question, Context], Awaitable[str]]
@@ -65,6 +65,7 @@ async def run_episodes(
     model_name: str = "",
     concurrency: int = 64,
     on_episode: Callable[[Episode], None] | None = None,
+    on_turn: TurnHook | None = None,
     progress: bool = True,
     training: bool = False,
 ) -> tuple[list[Episode], RunStats]:
@@ -72,7 +73,8 @@ async def run_episodes(
 
     A failing episode (a bug in a team, say) is recorded with its error and the run goes on; a dead
     backend (LLMError, RetrievalError) stops the run, since every other episode would fail the same way.
-    Each finished episode is handed to `on_episode` at once, so callers can persist it incrementally."""
+    Each finished episode is handed to `on_episode` at once, so callers can persist it incrementally;
+    each turn to `on_turn` as it is recorded, so callers can show the team at work."""
     questions = list(questions)
     limit = asyncio.Semaphore(concurrency)
     episodes: list[Episode] = []
@@ -84,7 +86,9 @@ async def run_episodes(
 
         async def one(q: Question) -> None:
             async with limit:
-                episode = await run_episode(team_run, method, q, backends, sampling, model_name, training)
+                episode = await run_episode(
+                    team_run, method, q, backends, sampling, model_name, training, on_turn
+                )
             episodes.append(episode)
             if on_episode:
                 on_episode(episode)
@@ -111,11 +115,12 @@ async def run_episode(
     sampling: Sampling,
     model_name: str = "",
     training: bool = False,
+    on_turn: TurnHook | None = None,
 ) -> Episode:
     """One episode on shared backends (which stay open): a team bug is recorded on the episode, a dead
-    backend (INFRASTRUCTURE_ERRORS) raises."""
+    backend (INFRASTRUCTURE_ERRORS) raises. `on_turn` is told of each turn as it is recorded."""
     episode = Episode(question=q, method=method, model=model_name)
-    ctx = Context(episode, backends, sampling, training=training)
+    ctx = Context(episode, backends, sampling, training=training, on_turn=on_turn)
     started = time.perf_counter()
     try:
         episode.answer = await team_run(q, ctx)
