@@ -144,7 +144,7 @@ def test_a_run_config_passes_its_reranker_to_the_retriever(monkeypatch: pytest.M
     from searchteam.llm.scripted import ScriptedLLM
 
     seen: dict = {}
-    monkeypatch.setattr(factory, "_llm", lambda config, model: ScriptedLLM([]))
+    monkeypatch.setattr(factory, "policy_llm", lambda config: ScriptedLLM([]))
     monkeypatch.setattr(retrieval, "build_retriever", lambda spec, **kw: seen.update(kw) or TinyRetriever([]))
     cfg = RunConfig(method="naive_rag", reranker="cross:BAAI/bge-reranker-base", rerank_depth=50)
     factory.build_components(cfg)

@@ -23,7 +23,7 @@ from pydantic import Field, field_validator
 from searchteam.config import SHIPPED_CONFIGS, ConfigError, RunConfig, load_config
 from searchteam.data.benchmark import load_benchmark, load_questions
 from searchteam.eval.runner import effective_config
-from searchteam.factory import build_run_retriever, build_sampling, build_team
+from searchteam.factory import build_run_retriever, build_sampling, build_team, secondary_llm
 from searchteam.llm import build_llm, resolve_backend
 from searchteam.llm.hf import HFBackend, pick_device
 from searchteam.llm.models import TRAINED, checkpoint_of
@@ -234,7 +234,7 @@ def make_rollout(
     `rank` of `world` rolls out its share of each step's questions (`questions_for_step`)."""
     engine = "teacher" if teacher else rollout_engine(cfg)
     if teacher:
-        backend = build_llm(teacher, backend=cfg.backend, device=cfg.device, ov_precision=cfg.ov_precision)
+        backend = secondary_llm(cfg, teacher)  # on the run's server or beside its engine, never a second one
     elif engine == "hf":
         backend = HFBackend(
             cfg.model,
@@ -246,12 +246,14 @@ def make_rollout(
         )
     else:
         backend = build_llm(
-            cfg.model, backend=engine, base_url=cfg.base_url, seed=cfg.seed, ov_precision=cfg.ov_precision
+            cfg.model,
+            backend=engine,
+            base_url=cfg.base_url,
+            seed=cfg.seed,
+            ov_precision=cfg.ov_precision,
+            server=cfg.server,
         )
-    extra = {
-        name: build_llm(model, backend=cfg.backend, device=cfg.device, ov_precision=cfg.ov_precision)
-        for name, model in frozen_generator(cfg).items()
-    }
+    extra = {name: secondary_llm(cfg, model) for name, model in frozen_generator(cfg).items()}
     retriever = build_run_retriever(cfg) if team.uses_retrieval else None
     sampling = build_sampling(cfg)
     timings: dict[str, float] = {}
@@ -382,9 +384,7 @@ def build_trainer(
         if initial is not None:
             policy.load_initial(initial)
         if cfg.judge_model:
-            reward = build_reward_scheme(
-                cfg.method, cfg.reward, judge=build_llm(cfg.judge_model, device=cfg.device)
-            )
+            reward = build_reward_scheme(cfg.method, cfg.reward, judge=secondary_llm(cfg, cfg.judge_model))
         out.mkdir(parents=True, exist_ok=True)
         questions = training_questions(cfg)
         rollout = make_rollout(cfg, team, policy, questions, out / "rollout_adapters", **shard)
