@@ -120,11 +120,19 @@ def ask(
     max_new_tokens: MaxNewOpt = None,
     generator: GeneratorOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the answer and trace as JSON.")] = False,
+    stream: Annotated[
+        bool,
+        typer.Option(
+            "--stream",
+            help="Print each turn as it finishes (with --json: one JSON line per turn, then the answer's).",
+        ),
+    ] = False,
 ) -> None:
     """Answer one question and show what each agent did."""
     from searchteam.eval.summary import episode_trace
     from searchteam.factory import build_components, build_sampling
     from searchteam.runtime import make_backends, run_episodes
+    from searchteam.runtime.turns import TurnFeed
     from searchteam.types import Question
 
     with user_errors():
@@ -146,6 +154,7 @@ def ask(
         parts = build_components(cfg)
         backends = make_backends(parts.llms, parts.retriever, cfg.batch_size)
         q = Question(id="ask", question=question)
+        feed = TurnFeed(_echo_turn_json if as_json else _print_turn)
         episodes, _ = asyncio.run(
             run_episodes(
                 parts.team.run,
@@ -154,6 +163,7 @@ def ask(
                 backends,
                 build_sampling(cfg),
                 model_name=cfg.model,
+                on_turn=feed if stream else None,
                 progress=False,
             )
         )
@@ -166,12 +176,36 @@ def ask(
             **episode_trace(episode),
             "error": episode.error,
         }
-        typer.echo(json.dumps(payload, ensure_ascii=False, indent=2, default=str))
+        typer.echo(json.dumps(payload, ensure_ascii=False, indent=None if stream else 2, default=str))
         return
-    _print_trace(episode)
+    if not stream:
+        _print_trace(episode)
+    for r in episode.retrievals[feed.searched :] if stream else []:  # searches after the last turn
+        _print_search(r.query, [p.title for p in r.passages])
     console.print(f"[bold green]Answer:[/] {episode.answer}")
     if episode.error:
         err_console.print(f"[yellow]episode error:[/] {episode.error}")
+
+
+def _print_turn(event: dict[str, Any]) -> None:
+    """One finished turn (a `turn_event`): the searches that fed it, then its role and a short output."""
+    from rich.markup import escape
+
+    for search in event["searches"]:
+        _print_search(search["query"], search["titles"])
+    text = " ".join(event["output"].split())
+    short = text[:160] + ("…" if len(text) > 160 else "")
+    console.print(f"[dim]{event['step']:>3}[/] [bold cyan]{escape(event['role']):<8}[/] {escape(short)}")
+
+
+def _print_search(query: str, titles: list[str]) -> None:
+    from rich.markup import escape
+
+    console.print(f"        [dim]searched[/] {escape(query)} [dim]→[/] {escape(', '.join(titles[:5]))}")
+
+
+def _echo_turn_json(event: dict[str, Any]) -> None:
+    typer.echo(json.dumps({"turn": event}, ensure_ascii=False))
 
 
 def _print_trace(episode) -> None:

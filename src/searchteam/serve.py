@@ -310,7 +310,9 @@ def ask_reply(service: TeamService, question: str, golds: list[str], episode: Ep
 async def _ask_events(
     service: TeamService, question: str, golds: list[str], request: Request
 ) -> AsyncIterator[str]:
-    """/ask as server-sent events: `turn` per finished turn, then `answer`, or `error` if a backend died."""
+    """/ask as server-sent events: `turn` per finished turn, then `answer`, or `error` if a backend died.
+    A comment opens the stream at once, so the client knows it was accepted before the first turn ends."""
+    yield ": the episode has started\n\n"
     try:
         async for item in episode_stream(service, question, golds, request):
             if isinstance(item, Episode):
