@@ -360,7 +360,7 @@ def train(
     """Train a team with RL (per-method rewards; PPO/GRPO/GSPO; shared or per-role LoRA)."""
     import sys
 
-    from searchteam.rl.plot import plot_run
+    from searchteam.rl.plot import curves_after_training
     from searchteam.training import build_trainer, check_shardable, launch_processes, load_train_run_config
 
     with user_errors():
@@ -393,7 +393,7 @@ def train(
             )
         trainer.train()
         if main:
-            console.print(f"[green]done:[/] {run_dir} (curves: {plot_run(run_dir)})")
+            console.print(f"[green]done:[/] {run_dir} (curves: {curves_after_training(run_dir)})")
 
 
 def _step_line(record: dict[str, Any]) -> str:
