@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from searchteam.config import NO_TRACKER, ConfigError
+from searchteam.extras import install_hint
 
 TENSORBOARD_DIR = "tensorboard"  # RUN_DIR/tensorboard holds the TensorBoard event files
-PIP_NAMES = {"comet_ml": "comet-ml"}  # pip package of a tracker, where it differs from its name
+# pip package of a tracker, where it differs from its name (TensorBoard comes with the [train] extra)
+PIP_NAMES = {"comet_ml": "comet-ml", "tensorboard": "'searchteam[train]'"}
 
 
 @dataclass
@@ -63,7 +65,7 @@ def default_trackers(tensorboard: bool) -> list[str]:
         return []
     if not is_installed("tensorboard"):
         warnings.warn(
-            "tensorboard is not installed: no TensorBoard curves (pip install tensorboard, or set "
+            f"tensorboard is not installed: no TensorBoard curves ({install_hint('train')}, or set "
             "report_to: none)",
             stacklevel=3,
         )

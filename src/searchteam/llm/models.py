@@ -126,9 +126,17 @@ TRAINED: dict[str, TrainedAdapter] = {
 
 
 def checkpoint_of(name: str) -> str:
-    """The shipped checkpoint folder of a trained adapter's name; any other name unchanged."""
+    """The shipped checkpoint folder of a trained adapter's name; any other name unchanged. The adapters
+    are left out of the wheel (44 MB): an install from the repository reads them from the checkout."""
     trained = TRAINED.get(name)
-    return str(trained.path) if trained else name
+    if trained is None:
+        return name
+    if not trained.path.is_dir():
+        raise LLMError(
+            f"{name}: the trained adapters are not in this install (the wheel leaves them out); install "
+            f"searchteam from its repository (pip install -e .) to load them, or pass a checkpoint folder"
+        )
+    return str(trained.path)
 
 
 def resolve_model(name: str) -> str:

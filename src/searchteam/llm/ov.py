@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from searchteam.extras import has, require
 from searchteam.llm.base import (
     SHARED,
     Completion,
@@ -27,15 +28,13 @@ from searchteam.llm.base import (
     text_decoder,
 )
 from searchteam.llm.models import PRESETS, resolve_model
-from searchteam.llm.ov_export import openvino_model_dir
+from searchteam.llm.ov_export import OV_EXTRA, OV_WHAT, openvino_model_dir
 from searchteam.paths import cache_dir
 
 
 def ov_supports(model: str) -> bool:
     """Whether OpenVINO GenAI is installed and `model` is one the ov backend runs."""
-    import importlib.util
-
-    if importlib.util.find_spec("openvino_genai") is None:
+    if not has("openvino_genai"):
         return False
     try:
         ov_base_and_adapters(model)
@@ -62,6 +61,7 @@ class OVBackend:
     ) -> None:
         from transformers import AutoTokenizer
 
+        require("openvino_genai", OV_EXTRA, OV_WHAT)
         self.name = name
         preset, adapters = ov_base_and_adapters(name)
         self.model_dir = openvino_model_dir(preset, precision)

@@ -27,11 +27,13 @@ from xml.etree import ElementTree
 
 import numpy as np
 
+from searchteam.extras import require
 from searchteam.llm.base import LLMError
 from searchteam.llm.models import PRESETS, _gguf_source, resolve_model
 from searchteam.paths import cache_dir, ensure_cache, temp_entry, write_manifest
 
 OV_PRECISIONS = ("int8", "fp16", "fp32")
+OV_EXTRA, OV_WHAT = "cpu", "the OpenVINO engine (--backend ov)"
 MODEL_XML = "openvino_model.xml"
 _TOKENIZER_FILES = (
     "openvino_tokenizer.xml",
@@ -93,8 +95,8 @@ def _convert(name: str, precision: str, target: Path) -> None:
 
 def _export_ir(name: str, precision: str, tmp: Path) -> Path:
     """The slow step: build the IR of preset `name` under `tmp`; returns the finished folder `tmp/model`."""
-    import openvino as ov
-    import openvino_genai
+    ov = require("openvino", OV_EXTRA, OV_WHAT)
+    openvino_genai = require("openvino_genai", OV_EXTRA, OV_WHAT)
 
     hf_dir = Path(resolve_model(name))
     carrier = tmp / "carrier" / "model.gguf"
@@ -107,8 +109,7 @@ def _export_ir(name: str, precision: str, tmp: Path) -> Path:
         raise LLMError(f"{name}: no projection of the OpenVINO graph could be named; cannot apply LoRA")
     load_checkpoint_weights(model, _fp32_weights(hf_dir))
     if precision == "int8":
-        import nncf
-
+        nncf = require("nncf", OV_EXTRA, "int8 OpenVINO weights")
         model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
     out = tmp / "model"
     out.mkdir()

