@@ -58,9 +58,9 @@ TRAINED_DIR = Path(__file__).resolve().parent.parent / "adapters"
 
 @dataclass(frozen=True)
 class TrainedAdapter:
-    """LoRA adapters trained by searchteam on a preset, shipped inside the package as a checkpoint folder
-    (`policy/adapters/ROLE`) that every backend loads like a `searchteam train` checkpoint. The model card
-    (command, data, wall time, dev results) is in docs/models.md."""
+    """LoRA adapters trained by searchteam on a preset, shipped in the repository (not the wheel) as a
+    checkpoint folder (`policy/adapters/ROLE`) that every backend loads like a `searchteam train`
+    checkpoint. The model card (command, data, wall time, dev results) is in docs/models.md."""
 
     name: str
     method: str
