@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from searchteam.rl.config import TrainConfig, WarmStartConfig
 from searchteam.rl.policy import Policy, build_policy
 from searchteam.rl.trainer import Trainer, make_accelerator
 from searchteam.rl.warm_start import WarmStart
 from searchteam.types import Episode, Question, Turn
+from tests.test_rl_trainer import tiny_model
 
 REWARDS = (0.1, 0.5, 0.9)  # of the three rollouts of a question: a GRPO group with distinct advantages
 CITIES = ("Paris", "Lyon", "Nice")  # what the three rollouts say: distinct sequences, a non-zero gradient
@@ -30,21 +30,6 @@ def tokenizer():
     from searchteam.llm.models import resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
-
-
-def tiny_model(tok, tied: bool = True) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=tied,
-    )
-    return LlamaForCausalLM(config)
 
 
 def turn(tok, role: str, qid: str, index: int, city: str, sft_target: str | None = None) -> Turn:

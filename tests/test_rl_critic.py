@@ -157,18 +157,7 @@ def test_checkpointed_critic_pass_is_recomputed_with_the_critic_adapter(tokenize
 
 
 def test_full_finetuning_critic_copy_does_not_train_its_unused_lm_head(tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    untied = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            tie_word_embeddings=False,
-        )
-    )
+    untied = tiny_model(tokenizer, tied=False)
     cfg = config(estimator="gae", critic="separate", full_ft=True)
     policy = build_policy(untied, tokenizer, cfg)
     trained = {n for n, p in policy.named_parameters() if p.requires_grad}

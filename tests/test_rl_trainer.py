@@ -38,7 +38,7 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
 
 
-def tiny_model(tokenizer, seed: int = 0):
+def tiny_model(tokenizer, seed: int = 0, tied: bool = True):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -50,7 +50,7 @@ def tiny_model(tokenizer, seed: int = 0):
         num_attention_heads=2,
         num_key_value_heads=2,
         max_position_embeddings=256,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
     )
     return LlamaForCausalLM(config)
 
