@@ -2,17 +2,25 @@
 # One real RL step of `train-naive_rag-cpu` (the default model, its real retriever and NQ questions) in one
 # process and in two data-parallel processes (torchrun, gloo) on this machine, one after the other. Prints
 # each run's record (world_size, episodes, samples, reward, times) and the wall-clock ratio of the two.
-# Both runs see the same step-0 questions; a warm-up run first fills the caches (converted model, OpenVINO
-# export, BM25 index) so that neither timed run pays for them. Usage: bash benchmarks/train_processes.sh [OUT]
+# Both runs see the same step-0 questions and train on every sample (dynamic sampling off, so both update
+# on all 16); a warm-up run first fills the caches (converted model, OpenVINO export, BM25 index) so that
+# neither timed run pays for them. Usage: bash benchmarks/train_processes.sh [OUT]
 set -euo pipefail
 out="${1:-$(mktemp -d)}"
 export HF_HUB_OFFLINE=1
+rm -rf "$out" && mkdir -p "$out"
+python -c '
+import sys, yaml
+from searchteam.config import SHIPPED_CONFIGS
+recipe = yaml.safe_load((SHIPPED_CONFIGS / "train-naive_rag-cpu.yaml").read_text())
+recipe["train"]["dynamic_sampling"] = False
+open(sys.argv[1], "w").write(yaml.safe_dump(recipe))
+' "$out/recipe.yaml"
 train() {  # train DIR [FLAGS...]
   local dir="$1"; shift
-  searchteam train --config train-naive_rag-cpu --steps 1 --out "$dir" "$@" > "$dir.log" 2>&1
+  searchteam train --config "$out/recipe.yaml" --steps 1 --out "$dir" "$@" > "$dir.log" 2>&1
 }
 
-rm -rf "$out" && mkdir -p "$out"
 train "$out/warmup"
 for n in 1 2; do
   start=$(date +%s.%N)
