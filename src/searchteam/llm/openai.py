@@ -42,6 +42,7 @@ from searchteam.llm.base import (
     text_decoder,
     truncate_at_stop,
 )
+from searchteam.llm.vllm import NEUTRAL_SAMPLING
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +56,6 @@ TOKEN_IDS_HINT = (
     "training needs the exact prompt and sampled token ids, which vLLM returns for `return_token_ids` "
     "from version 0.10.2 on: upgrade the server (pip install 'vllm>=0.10.2')"
 )
-# Off values of the sampling knobs the trainer's plain temperature softmax does not have. vLLM takes a
-# request's unset fields from the model's generation_config (`--generation-config auto`, the default).
-NEUTRAL_SAMPLING: dict[str, float | int] = {
-    "top_k": 0,  # 0 disables top-k from vLLM 0.10 on (older servers wanted -1)
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-}
 
 
 def sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
@@ -73,6 +65,7 @@ def sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
         "max_tokens": sampling.max_new_tokens,
         "temperature": 0.0 if sampling.greedy else sampling.temperature,
         "top_p": 1.0 if sampling.greedy else sampling.top_p,
+        "top_k": 0,  # 0 disables top-k from vLLM 0.10 on (older servers wanted -1)
         **NEUTRAL_SAMPLING,
         "n": 1,
     }

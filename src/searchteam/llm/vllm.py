@@ -89,6 +89,17 @@ def engine_kwargs(
     return kwargs
 
 
+# Off values of vLLM's sampling knobs that the trainer's plain temperature softmax does not have (top-k's
+# off value differs between its APIs). vLLM fills what a request leaves unset from the model's
+# generation_config (`--generation-config auto`, the default), so every request sets them.
+NEUTRAL_SAMPLING: dict[str, float] = {
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+
+
 def sampling_kwargs(sampling: SamplingParams, logprobs: bool) -> dict[str, Any]:
     """The keyword arguments of `vllm.SamplingParams` for one request: every parameter that changes the
     distribution set explicitly (top-k off, no penalties, min-p 0), so nothing from the model's
@@ -99,10 +110,7 @@ def sampling_kwargs(sampling: SamplingParams, logprobs: bool) -> dict[str, Any]:
         "temperature": max(sampling.temperature, 0.0),
         "top_p": 1.0 if sampling.greedy else sampling.top_p,
         "top_k": -1,  # off: -1 (or 0) in vLLM's API
-        "min_p": 0.0,
-        "repetition_penalty": 1.0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
+        **NEUTRAL_SAMPLING,
         "stop": list(sampling.stop) or None,
         "include_stop_str_in_output": True,
         "skip_special_tokens": True,
