@@ -22,6 +22,7 @@ from searchteam.config import RunConfig
 from searchteam.eval.compare import bootstrap_interval
 from searchteam.eval.runner import evaluate, read_results
 from searchteam.factory import build_components, build_team
+from searchteam.llm.models import DEFAULT_MODEL
 
 
 def run(method: str, backend: str, args: argparse.Namespace, out: Path) -> tuple[float, list[dict]]:
@@ -45,7 +46,7 @@ def run(method: str, backend: str, args: argparse.Namespace, out: Path) -> tuple
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", default="naive_rag,search_r1,mask")
-    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--precision", default="int8", help="weights of the ov engine: int8 | fp16 | fp32")
     parser.add_argument("--limit", type=int, default=None, help="questions per smoke dataset (of 10)")
     parser.add_argument("--json", type=Path, help="also write the results here")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from searchteam.config import RunConfig
 from searchteam.eval.runner import evaluate
+from searchteam.llm.models import DEFAULT_MODEL
 from searchteam.teams import METHODS
 
 GROUPS = ("single-hop", "multi-hop")
@@ -36,7 +37,7 @@ def row(summary: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--limit", type=int, default=None, help="questions per smoke dataset (of 10)")

@@ -9,6 +9,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tests that only exercise a code path run on the 135M preset (fast to load); a test about the default
+# model's behaviour names qwen2.5-coder-0.5b itself. Subprocesses (torchrun, the CLI) inherit this.
+os.environ.setdefault("SEARCHTEAM_MODEL", "smollm2-135m")
 
 
 @pytest.fixture
@@ -21,7 +24,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(scope="session")
 def default_llm():
-    """The real embedded default model (SmolLM2-135M) on CPU."""
+    """The real SmolLM2-135M preset on CPU (the test suite's model)."""
     from searchteam.llm import build_llm
 
     return build_llm("smollm2-135m", device="cpu", logprobs=True, seed=0)

