@@ -3,29 +3,68 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import json
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from searchteam.config import ConfigError, RunConfig, load_config
+from searchteam.config import ConfigError, RunConfig, load_config, parse_settings
 from searchteam.data.benchmark import DataError
 from searchteam.llm.base import LLMError
 from searchteam.retrieval.base import RetrievalError
 from searchteam.teams import METHODS, UnknownMethodError
 
+if TYPE_CHECKING:
+    from searchteam.types import Episode
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console()
 err_console = Console(stderr=True)
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML file with any of these options.")]
+
+def _show_version(show: bool) -> None:
+    if show:
+        from importlib.metadata import version
+
+        typer.echo(f"searchteam {version('searchteam')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    pass  # the options of `searchteam` itself, before any command
+
+
+# The flags shared by the commands that run a team (`RUN_FLAGS`) and by those that run it on a question set
+# (`QUESTION_FLAGS`): defined once here, given to a command by `@shared_flags(...)`, read as `RunFlags`.
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="YAML file (or shipped recipe name) with any config fields.")
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        metavar="KEY=VALUE",
+        help="Set any config field, dotted for a nested one (--set train.lr=1e-5 --set reward.stage=2); "
+        "values are read as YAML. Applied after --config and before the other flags. Repeatable.",
+    ),
+]
 MethodOpt = Annotated[
     str | None, typer.Option("--method", "-m", help="Method name (see `searchteam methods`).")
 ]
@@ -36,8 +75,18 @@ BackendOpt = Annotated[
     str | None, typer.Option(help="auto | hf | ov | openai | vllm (auto: ov on the CPU, hf/vllm on CUDA)")
 ]
 BaseUrlOpt = Annotated[str | None, typer.Option(help="OpenAI-compatible server URL for --backend openai.")]
-RetrieverOpt = Annotated[str | None, typer.Option(help="bm25 | dense | http://host:port of serve-retriever.")]
 DeviceOpt = Annotated[str | None, typer.Option(help="cpu | cuda | auto")]
+RetrieverOpt = Annotated[str | None, typer.Option(help="bm25 | dense | http://host:port of serve-retriever.")]
+CorpusOpt = Annotated[
+    Path | None, typer.Option(help="Corpus JSONL (FlashRAG shape); a dense:INDEX_FILE needs its own.")
+]
+EmbedderOpt = Annotated[
+    str | None, typer.Option(help="sentence-transformers model of the dense retriever or index.")
+]
+RerankerOpt = Annotated[
+    str | None,
+    typer.Option(help="Rerank each search's candidates with this model (cross-encoder or bi-encoder)."),
+]
 TopKOpt = Annotated[int | None, typer.Option(help="Passages per search (default: the method's paper value).")]
 MaxTurnsOpt = Annotated[
     int | None, typer.Option(help="Maximum search rounds for iterative methods (default: the paper's).")
@@ -48,6 +97,17 @@ BatchOpt = Annotated[int | None, typer.Option(help="Max requests per batched mod
 GeneratorOpt = Annotated[
     str | None, typer.Option(help="Separate frozen generator model (QAgent submodule mode and the like).")
 ]
+DatasetOpt = Annotated[
+    str | None, typer.Option(help="Dataset name(s), comma-separated (train default: nq,hotpotqa).")
+]
+SplitOpt = Annotated[
+    str | None, typer.Option(help="dev | train | smoke (default: dev for eval, train for train).")
+]
+QuestionsOpt = Annotated[Path | None, typer.Option(help="Your own QA JSONL (question, golden_answers).")]
+SkipBadLinesOpt = Annotated[
+    bool | None, typer.Option("--skip-bad-lines", help="Skip unparseable lines of --questions (warned).")
+]
+LimitOpt = Annotated[int | None, typer.Option(help="At most N questions per dataset.")]
 ReportToOpt = Annotated[
     str | None,
     typer.Option(
@@ -56,22 +116,113 @@ ReportToOpt = Annotated[
         "or none (default: tensorboard for train, none for eval).",
     ),
 ]
+OutOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="Run directory (eval: results.jsonl, summary.json; train: log, checkpoints, plots). "
+        "Default: runs/METHOD-MODEL-DATA-SPLIT for eval, runs/train-METHOD for train."
+    ),
+]
+ResumeOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--resume/--no-resume",
+        help="Continue the interrupted run in --out; without it a run refuses an --out that holds one "
+        "(default: the config's `resume`, else no).",
+    ),
+]
+
+RUN_FLAGS: dict[str, Any] = {
+    "config": ConfigOpt,
+    "settings": SetOpt,
+    "method": MethodOpt,
+    "model": ModelOpt,
+    "backend": BackendOpt,
+    "base_url": BaseUrlOpt,
+    "device": DeviceOpt,
+    "retriever": RetrieverOpt,
+    "corpus": CorpusOpt,
+    "embedder": EmbedderOpt,
+    "reranker": RerankerOpt,
+    "top_k": TopKOpt,
+    "max_turns": MaxTurnsOpt,
+    "temperature": TempOpt,
+    "max_new_tokens": MaxNewOpt,
+    "batch_size": BatchOpt,
+    "generator": GeneratorOpt,
+}
+QUESTION_FLAGS: dict[str, Any] = {
+    "dataset": DatasetOpt,
+    "split": SplitOpt,
+    "questions": QuestionsOpt,
+    "skip_bad_lines": SkipBadLinesOpt,
+    "limit": LimitOpt,
+    "report_to": ReportToOpt,
+    "out": OutOpt,
+    "resume": ResumeOpt,
+}
 
 
-def _extra_models(config: Path | None, generator: str | None) -> dict[str, str] | None:
-    """`--generator M` adds {generator: M} on top of the config file's `extra_models`."""
-    if generator is None:
-        return None
-    base = load_config(config, {}).extra_models if config else {}
-    return {**base, "generator": generator}
+@dataclass(frozen=True)
+class RunFlags:
+    """The shared flags one command was given (None: not given), as run-config overrides."""
+
+    given: dict[str, Any]
+
+    @property
+    def config(self) -> Path | None:
+        return self.given.get("config")
+
+    def settings(self) -> dict[str, Any]:
+        """The `--set` items as {dotted key: value}."""
+        return parse_settings(self.given.get("settings") or [])
+
+    def overrides(self) -> dict[str, Any]:
+        """Config fields from the other flags: `--dataset a,b` is `datasets`, `--generator M` the
+        `extra_models.generator` entry (the config file's other extra models stay)."""
+        renamed = {"dataset": "datasets", "generator": "extra_models.generator"}
+        values = {k: v for k, v in self.given.items() if k not in ("config", "settings")}
+        if values.get("dataset"):
+            values["dataset"] = [d.strip() for d in values["dataset"].split(",") if d.strip()]
+        return {renamed.get(k, k): v for k, v in values.items()}
+
+    def load(self) -> RunConfig:
+        return load_config(self.config, self.overrides(), settings=self.settings())
+
+
+def shared_flags(*groups: dict[str, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the flags of `groups` in place of its `flags: RunFlags` parameter; it is called with
+    them collected into `flags`."""
+    names = [name for group in groups for name in group]
+    options = {name: option for group in groups for name, option in group.items()}
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        params: list[inspect.Parameter] = []
+        for param in inspect.signature(command, eval_str=True).parameters.values():
+            if param.name == "flags":
+                params += [
+                    inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=options[n])
+                    for n in names
+                ]
+            else:
+                params.append(param.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+
+        @functools.wraps(command)
+        def run(**kwargs: Any) -> Any:
+            given = {name: kwargs.pop(name) for name in names}
+            return command(flags=RunFlags(given), **kwargs)
+
+        run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        return run
+
+    return decorate
 
 
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Show problems a user can fix as one clear line instead of a traceback: bad input, an unreachable
     model or retriever, a full disk or a folder that cannot be written."""
-    from rich.markup import escape
-
     from searchteam.paths import filesystem_fault
 
     try:
@@ -100,25 +251,11 @@ def _quiet_libraries() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def _config(config: Path | None, **overrides: Any) -> RunConfig:
-    return load_config(config, overrides)
-
-
 @app.command()
+@shared_flags(RUN_FLAGS)
 def ask(
     question: Annotated[str, typer.Argument(help="The question to answer.")],
-    config: ConfigOpt = None,
-    method: MethodOpt = None,
-    model: ModelOpt = None,
-    backend: BackendOpt = None,
-    base_url: BaseUrlOpt = None,
-    retriever: RetrieverOpt = None,
-    device: DeviceOpt = None,
-    top_k: TopKOpt = None,
-    max_turns: MaxTurnsOpt = None,
-    temperature: TempOpt = None,
-    max_new_tokens: MaxNewOpt = None,
-    generator: GeneratorOpt = None,
+    flags: RunFlags,
     as_json: Annotated[bool, typer.Option("--json", help="Print the answer and trace as JSON.")] = False,
     stream: Annotated[
         bool,
@@ -137,20 +274,7 @@ def ask(
 
     with user_errors():
         _quiet_libraries()
-        cfg = _config(
-            config,
-            method=method,
-            model=model,
-            backend=backend,
-            base_url=base_url,
-            retriever=retriever,
-            device=device,
-            top_k=top_k,
-            max_turns=max_turns,
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
-            extra_models=_extra_models(config, generator),
-        )
+        cfg = flags.load()
         parts = build_components(cfg)
         backends = make_backends(parts.llms, parts.retriever, cfg.batch_size)
         q = Question(id="ask", question=question)
@@ -182,15 +306,13 @@ def ask(
         _print_trace(episode)
     for r in episode.retrievals[feed.searched :] if stream else []:  # searches after the last turn
         _print_search(r.query, [p.title for p in r.passages])
-    console.print(f"[bold green]Answer:[/] {episode.answer}")
+    console.print(f"[bold green]Answer:[/] {escape(episode.answer)}")
     if episode.error:
-        err_console.print(f"[yellow]episode error:[/] {episode.error}")
+        err_console.print(f"[yellow]episode error:[/] {escape(episode.error)}")
 
 
 def _print_turn(event: dict[str, Any]) -> None:
     """One finished turn (a `turn_event`): the searches that fed it, then its role and a short output."""
-    from rich.markup import escape
-
     for search in event["searches"]:
         _print_search(search["query"], search["titles"])
     text = " ".join(event["output"].split())
@@ -199,8 +321,6 @@ def _print_turn(event: dict[str, Any]) -> None:
 
 
 def _print_search(query: str, titles: list[str]) -> None:
-    from rich.markup import escape
-
     console.print(f"        [dim]searched[/] {escape(query)} [dim]→[/] {escape(', '.join(titles[:5]))}")
 
 
@@ -208,67 +328,36 @@ def _echo_turn_json(event: dict[str, Any]) -> None:
     typer.echo(json.dumps({"turn": event}, ensure_ascii=False))
 
 
-def _print_trace(episode) -> None:
+def _print_trace(episode: Episode) -> None:
+    """The episode's turns and searches as one table, in the order they ran."""
+    from searchteam.runtime.turns import run_order
+    from searchteam.types import Turn
+
     table = Table(title=f"{episode.method} trace", show_lines=False)
     for col in ("step", "role", "output", "ok", "tokens"):
         table.add_column(col)
-    for t in episode.turns:
-        text = " ".join(t.completion.split())
-        table.add_row(
-            str(t.step),
-            t.role,
-            text[:120] + ("…" if len(text) > 120 else ""),
-            "yes" if t.parsed_ok else "[red]no[/]",
-            f"{t.prompt_tokens}+{t.completion_tokens}",
-        )
-    for r in episode.retrievals:
-        table.add_row(
-            str(r.step), "search", f"{r.query} → " + ", ".join(p.title for p in r.passages[:5]), "", ""
-        )
+    for item in run_order(episode):
+        if isinstance(item, Turn):
+            text = " ".join(item.completion.split())
+            table.add_row(
+                str(item.step),
+                escape(item.role),
+                escape(text[:120] + ("…" if len(text) > 120 else "")),
+                "yes" if item.parsed_ok else "[red]no[/]",
+                f"{item.prompt_tokens}+{item.completion_tokens}",
+            )
+        else:
+            titles = ", ".join(p.title for p in item.passages[:5])
+            table.add_row(str(item.step), "search", escape(f"{item.query} → {titles}"), "", "")
     console.print(table)
 
 
 @app.command("eval")
+@shared_flags(RUN_FLAGS, QUESTION_FLAGS)
 def eval_cmd(
-    config: ConfigOpt = None,
-    method: MethodOpt = None,
-    dataset: Annotated[str | None, typer.Option(help="Dataset name(s), comma-separated.")] = None,
-    split: Annotated[str | None, typer.Option(help="dev | train | smoke")] = None,
-    questions: Annotated[
-        Path | None, typer.Option(help="Your own QA JSONL (question, golden_answers).")
-    ] = None,
-    skip_bad_lines: Annotated[
-        bool | None, typer.Option("--skip-bad-lines", help="Skip unparseable lines of --questions (warned).")
-    ] = None,
-    limit: Annotated[int | None, typer.Option(help="At most N questions per dataset.")] = None,
-    model: ModelOpt = None,
-    backend: BackendOpt = None,
-    base_url: BaseUrlOpt = None,
-    retriever: RetrieverOpt = None,
-    device: DeviceOpt = None,
-    top_k: TopKOpt = None,
-    max_turns: MaxTurnsOpt = None,
-    temperature: TempOpt = None,
-    max_new_tokens: MaxNewOpt = None,
-    batch_size: BatchOpt = None,
-    generator: GeneratorOpt = None,
-    corpus: Annotated[
-        Path | None, typer.Option(help="Corpus JSONL (FlashRAG shape); a dense:INDEX_FILE needs its own.")
-    ] = None,
-    embedder: Annotated[
-        str | None, typer.Option(help="sentence-transformers model of the dense retriever or index.")
-    ] = None,
-    reranker: Annotated[
-        str | None,
-        typer.Option(help="Rerank each search's candidates with this model (cross-encoder or bi-encoder)."),
-    ] = None,
+    flags: RunFlags,
     judge_model: Annotated[
         str | None, typer.Option(help="LLM judge model: adds judge_acc (verdicts cached on disk).")
-    ] = None,
-    report_to: ReportToOpt = None,
-    out: Annotated[Path | None, typer.Option(help="Output directory (results.jsonl, summary.json).")] = None,
-    resume: Annotated[
-        bool | None, typer.Option("--resume/--no-resume", help="Continue an interrupted run.")
     ] = None,
 ) -> None:
     """Evaluate a method on benchmark questions; results are written as they finish."""
@@ -276,34 +365,8 @@ def eval_cmd(
 
     with user_errors():
         _quiet_libraries()
-        datasets = [d.strip() for d in dataset.split(",") if d.strip()] if dataset else None
-        cfg = _config(
-            config,
-            method=method,
-            datasets=datasets,
-            split=split,
-            questions=questions,
-            skip_bad_lines=skip_bad_lines,
-            limit=limit,
-            model=model,
-            backend=backend,
-            base_url=base_url,
-            retriever=retriever,
-            device=device,
-            top_k=top_k,
-            max_turns=max_turns,
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
-            batch_size=batch_size,
-            corpus=corpus,
-            embedder=embedder,
-            reranker=reranker,
-            judge_model=judge_model,
-            report_to=report_to,
-            out=out,
-            resume=resume,
-            extra_models=_extra_models(config, generator),
-        )
+        overrides = {**flags.overrides(), "judge_model": judge_model}
+        cfg = load_config(flags.config, overrides, settings=flags.settings())
         summary = evaluate(cfg)
     _print_summary(summary)
 
@@ -327,28 +390,17 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 @app.command()
+@shared_flags(RUN_FLAGS, QUESTION_FLAGS)
 def train(
-    config: ConfigOpt = None,
-    method: MethodOpt = None,
-    model: ModelOpt = None,
-    dataset: Annotated[
-        str | None, typer.Option(help="Training dataset(s), comma-separated (default nq,hotpotqa).")
-    ] = None,
-    split: Annotated[str | None, typer.Option(help="Question split (default train).")] = None,
+    flags: RunFlags,
     steps: Annotated[
         int | None,
         typer.Option(min=0, help="Total RL steps (with --resume: up to this total; 0: warm start only)."),
     ] = None,
-    device: DeviceOpt = None,
-    out: Annotated[Path | None, typer.Option(help="Run directory (log, checkpoints, plots).")] = None,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue from the newest checkpoint in --out.")
-    ] = False,
     init_from: Annotated[
         str | None,
         typer.Option(help="Start from trained weights: a checkpoint folder or a shipped adapter's name."),
     ] = None,
-    report_to: ReportToOpt = None,
     num_processes: Annotated[
         int,
         typer.Option(
@@ -357,7 +409,8 @@ def train(
         ),
     ] = 1,
 ) -> None:
-    """Train a team with RL (per-method rewards; PPO/GRPO/GSPO; shared or per-role LoRA)."""
+    """Train a team with RL (per-method rewards; PPO/GRPO/GSPO; shared or per-role LoRA). Without --config,
+    the method's shipped recipe for this device (`searchteam recipes`)."""
     import sys
 
     from searchteam.rl.plot import curves_after_training
@@ -365,25 +418,15 @@ def train(
 
     with user_errors():
         _quiet_libraries()
-        datasets = [d.strip() for d in dataset.split(",") if d.strip()] if dataset else None
-        given = dict(
-            method=method,
-            model=model,
-            datasets=datasets,
-            split=split,
-            device=device,
-            steps=steps,
-            init_from=init_from,
-            report_to=report_to,
-        )
-        cfg = load_train_run_config(config, given)
+        overrides = {**flags.overrides(), "steps": steps, "init_from": init_from}
+        cfg = load_train_run_config(flags.config, overrides, flags.settings())
         if num_processes > 1 and "LOCAL_RANK" not in os.environ:  # not yet one of the launched processes
             check_shardable(cfg, num_processes)
             raise typer.Exit(launch_processes(num_processes, sys.argv[1:]))
-        run_dir = out or Path("runs") / f"train-{cfg.method}"
+        run_dir = cfg.out or Path("runs") / f"train-{cfg.method}"
         trainer = build_trainer(cfg, run_dir, on_step=lambda record: console.print(_step_line(record)))
         main = trainer.accelerator.is_main_process
-        if resume:
+        if cfg.resume:
             step = trainer.resume()
             if main:
                 console.print(f"resuming at step {step}")
@@ -436,7 +479,7 @@ def compare(
         metrics = tuple(m.strip() for m in metric.split(",") if m.strip())
         diffs, unpaired = compare_runs(run_a, run_b, metrics, by)
     except CompareError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}")
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
     if as_json:
         console.print_json(json.dumps(report_json(diffs, unpaired)))
@@ -534,27 +577,16 @@ def view(
     try:
         viewer = create_app([run_a, *([run_b] if run_b else [])], corpus)
     except ViewerError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}")
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
     console.print(f"viewer on http://{host}:{port}/ (Ctrl-C stops it)")
     uvicorn.run(viewer, host=host, port=port, log_level="warning")
 
 
 @app.command()
+@shared_flags(RUN_FLAGS)
 def serve(
-    config: ConfigOpt = None,
-    method: MethodOpt = None,
-    model: ModelOpt = None,
-    backend: BackendOpt = None,
-    base_url: BaseUrlOpt = None,
-    retriever: RetrieverOpt = None,
-    device: DeviceOpt = None,
-    top_k: TopKOpt = None,
-    max_turns: MaxTurnsOpt = None,
-    temperature: TempOpt = None,
-    max_new_tokens: MaxNewOpt = None,
-    batch_size: BatchOpt = None,
-    generator: GeneratorOpt = None,
+    flags: RunFlags,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option()] = 8000,
     max_pending: Annotated[
@@ -574,21 +606,7 @@ def serve(
 
     with user_errors():
         _quiet_libraries()
-        cfg = _config(
-            config,
-            method=method,
-            model=model,
-            backend=backend,
-            base_url=base_url,
-            retriever=retriever,
-            device=device,
-            top_k=top_k,
-            max_turns=max_turns,
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
-            batch_size=batch_size,
-            extra_models=_extra_models(config, generator),
-        )
+        cfg = flags.load()
         limits = ServeLimits(
             concurrency=cfg.concurrency,
             max_pending=max_pending,
@@ -609,6 +627,42 @@ def methods() -> None:
     for name, cls in METHODS.items():
         table.add_row(name, cls.description)
     console.print(table)
+
+
+@app.command()
+def recipes() -> None:
+    """List the shipped training recipes (names for `searchteam train --config`) and what each is for."""
+    from searchteam.config import shipped_recipes
+
+    table = Table()
+    table.add_column("recipe")
+    table.add_column("purpose")
+    for name, (_, purpose) in shipped_recipes().items():
+        table.add_row(escape(name), escape(purpose))
+    console.print(table)
+
+
+@app.command("ship-adapter")
+def ship_adapter(
+    checkpoint: Annotated[
+        Path, typer.Argument(help="A checkpoint or warm-start round folder (RUN/checkpoints/step-N).")
+    ],
+    name: Annotated[str, typer.Argument(help="The name it is selected by (--model NAME).")],
+    into: Annotated[
+        Path | None, typer.Option(help="Folder to write it under (default: the package's adapters/).")
+    ] = None,
+) -> None:
+    """Copy a training checkpoint's LoRA adapters (fp16) into the package as a named trained adapter;
+    register the name in searchteam.llm.models.TRAINED to select it with --model."""
+    from searchteam.ship import ShipError, ship
+
+    try:
+        with user_errors():
+            target = ship(checkpoint, name, into) if into else ship(checkpoint, name)
+    except ShipError as exc:
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    console.print(f"[green]shipped:[/] {target}")
 
 
 @app.command()

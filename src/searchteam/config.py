@@ -1,11 +1,12 @@
-"""Validated run configuration: defaults, then a YAML file (`--config`), then explicit CLI flags."""
+"""Validated run configuration: defaults, then a YAML file (`--config`), then `--set key=value` settings,
+then explicit CLI flags."""
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -167,6 +168,52 @@ def resolve_config_path(path: Path) -> Path:
     raise ConfigError(f"config file not found: {path} (shipped configs: {names})")
 
 
+def shipped_recipes() -> dict[str, tuple[Path, str]]:
+    """Every training recipe shipped with searchteam: its name (what `--config` takes) → (its file, its
+    purpose: the first comment line of its YAML header, or "" when it has none)."""
+    return {path.stem: (path, _header_line(path)) for path in sorted(SHIPPED_CONFIGS.glob("*.yaml"))}
+
+
+def _header_line(path: Path) -> str:
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            return line.strip().removeprefix("#").strip() if line.lstrip().startswith("#") else ""
+    return ""
+
+
+def parse_settings(items: Iterable[str]) -> dict[str, Any]:
+    """`--set` items (`key=value`, a dotted key for a nested field: `train.lr=1e-5`) as {key: value}, each
+    value read as YAML the way a config file reads it (`true`, `null`, `3`, `[nq, hotpotqa]`)."""
+    settings: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set train.lr=1e-5")
+        try:
+            settings[key] = yaml.safe_load(text) if text.strip() else ""
+        except (yaml.YAMLError, ValueError) as exc:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML: {exc}") from None
+    return settings
+
+
+def apply_setting(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set `key` in `data`; a dotted key sets a field of a section (created when absent), keeping the
+    section's other fields."""
+    *sections, field = key.split(".")
+    for depth, name in enumerate(sections):
+        section = data.get(name)
+        if section is None:
+            section = data[name] = {}
+        elif not isinstance(section, dict):
+            path = ".".join(sections[: depth + 1])
+            raise ConfigError(f"cannot set '{key}': '{path}' is {section!r}, not a section of fields")
+        else:
+            section = data[name] = dict(section)  # never edit a mapping the caller still holds
+        data = section
+    data[field] = value
+
+
 def read_yaml(path: Path) -> Any:
     """The YAML document in `path`; any reason it cannot be read becomes a ConfigError naming the file."""
     try:
@@ -184,9 +231,13 @@ def read_yaml(path: Path) -> Any:
 
 
 def load_config(
-    path: Path | None, overrides: dict[str, Any], schema: type[RunConfig] = RunConfig
+    path: Path | None,
+    overrides: dict[str, Any],
+    schema: type[RunConfig] = RunConfig,
+    settings: Mapping[str, Any] | None = None,
 ) -> RunConfig:
-    """Merge a YAML file with CLI overrides (None means "not given") and validate it against `schema`."""
+    """Validate against `schema` a YAML file, then `settings` (`--set`, all given), then CLI overrides (None
+    means "not given"); a dotted key in either sets one field of a section (`parse_settings`)."""
     data: dict[str, Any] = {}
     source = "command line"
     if path is not None:
@@ -196,7 +247,13 @@ def load_config(
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of option names to values at the top level")
         data.update(loaded)
-    data.update({k: v for k, v in overrides.items() if v is not None})
+    for key, value in (settings or {}).items():
+        apply_setting(data, key, value)
+    for key, value in overrides.items():
+        if value is not None:
+            apply_setting(data, key, value)
+    if settings:
+        source += " and --set" if path is not None else ", --set"
     try:
         return schema.model_validate(_with_adapter_settings(data, schema))
     except ValidationError as exc:
@@ -222,12 +279,25 @@ def _with_adapter_settings(data: dict[str, Any], schema: type[RunConfig]) -> dic
 
 
 def _problem(err: Any, schema: type[RunConfig]) -> str:
-    """One validation error as `field 'x': message`, with a hint for a misspelled top-level field."""
+    """One validation error as `field 'x': message`, with a hint for a misspelled field name."""
     loc = err["loc"]
     text = f"field '{'.'.join(str(p) for p in loc)}': {err['msg']}"
-    if err["type"] == "extra_forbidden" and len(loc) == 1:
-        text += did_you_mean(str(loc[0]), schema.model_fields)
+    section = _section_model(schema, loc[:-1])
+    if err["type"] == "extra_forbidden" and section is not None:
+        text += did_you_mean(str(loc[-1]), section.model_fields)
     return text
+
+
+def _section_model(schema: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model of the section at `loc` (() is `schema` itself), or None for a dict or a list."""
+    model: type[BaseModel] | None = schema
+    for name in loc:
+        field = model.model_fields.get(str(name)) if model is not None else None
+        if field is None:
+            return None
+        kinds = [field.annotation, *get_args(field.annotation)]
+        model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+    return model
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

@@ -136,7 +136,12 @@ def trace(episode: Episode) -> dict[str, Any]:
     """Turns and state snapshots as `searchteam ask --json` shows them, searches with their passages."""
     return episode_trace(episode) | {
         "searches": [
-            {"step": r.step, "query": r.query, "passages": [p.model_dump() for p in r.passages]}
+            {
+                "step": r.step,
+                "after_turns": r.after_turns,
+                "query": r.query,
+                "passages": [p.model_dump() for p in r.passages],
+            }
             for r in episode.retrievals
         ]
     }

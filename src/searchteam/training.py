@@ -82,13 +82,16 @@ def default_recipe(method: str, device: str | None = None) -> Path | None:
     return next((p for p in found if p.exists()), None)
 
 
-def load_train_run_config(path: Path | None, overrides: dict[str, Any]) -> TrainRunConfig:
+def load_train_run_config(
+    path: Path | None, overrides: dict[str, Any], settings: dict[str, Any] | None = None
+) -> TrainRunConfig:
     """A training config from `path`, else the method's paper recipe (`default_recipe`), else the generic
-    defaults; then the CLI overrides. `recipe` names what the run started from."""
+    defaults; then the `--set` settings, then the CLI overrides. `recipe` names what the run started from."""
     train_overrides = {k: overrides.pop(k) for k in ("steps",) if overrides.get(k) is not None}
-    if path is None and overrides.get("method"):
-        path = default_recipe(overrides["method"], overrides.get("device"))
-    cfg = load_config(path, overrides, TrainRunConfig)
+    given = {**(settings or {}), **{k: v for k, v in overrides.items() if v is not None}}
+    if path is None and given.get("method"):
+        path = default_recipe(given["method"], given.get("device"))
+    cfg = load_config(path, overrides, TrainRunConfig, settings)
     assert isinstance(cfg, TrainRunConfig)
     if path is not None:
         cfg.recipe = str(path)

@@ -64,6 +64,9 @@ class Retrieval(BaseModel):
     step: int = 0
     passages: list[Passage] = Field(default_factory=list)
     seconds: float = 0.0
+    after_turns: int = Field(
+        0, ge=0, description="the episode's turns finished when this search returned: it ran after them"
+    )
 
 
 class Episode(BaseModel):

@@ -41,7 +41,13 @@ def episode_trace(episode: Episode) -> dict[str, Any]:
     return {
         "turns": [_turn_record(t) for t in episode.turns],
         "searches": [
-            {"step": r.step, "query": r.query, "ids": [p.id for p in r.passages]} for r in episode.retrievals
+            {
+                "step": r.step,
+                "after_turns": r.after_turns,
+                "query": r.query,
+                "ids": [p.id for p in r.passages],
+            }
+            for r in episode.retrievals
         ],
         "states": episode.states,
     }

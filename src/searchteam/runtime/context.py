@@ -106,7 +106,12 @@ class Context:
         passages = await self.backends.search.submit((query, k))
         self.episode.retrievals.append(
             Retrieval(
-                query=query, k=k, step=self.step, passages=passages, seconds=time.perf_counter() - started
+                query=query,
+                k=k,
+                step=self.step,
+                passages=passages,
+                seconds=time.perf_counter() - started,
+                after_turns=len(self.episode.turns),  # `step` is the team's loop index, not an order
             )
         )
         return passages

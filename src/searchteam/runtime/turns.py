@@ -24,6 +24,15 @@ def turn_event(index: int, turn: Turn, searches: list[Retrieval]) -> dict[str, A
     }
 
 
+def run_order(episode: Episode) -> list[Turn | Retrieval]:
+    """The episode's turns and searches in the order they finished: each search before the turns that ran
+    after it. (A turn and a search of the same `step` can come either way: retrieve-then-read or a turn
+    that writes the query.)"""
+    turns = [(2 * i + 1, turn) for i, turn in enumerate(episode.turns)]
+    searches = [(2 * r.after_turns, r) for r in episode.retrievals]
+    return [item for _, item in sorted([*turns, *searches], key=lambda pair: pair[0])]
+
+
 class TurnFeed:
     """A TurnHook (for one episode) handing each turn, as a `turn_event`, to `put`."""
 
