@@ -192,6 +192,20 @@ def test_timeline_reads_like_a_case_study():
     assert items[-1]["state"] == {"memory": []}
 
 
+def test_timeline_follows_the_recorded_order_of_searches():
+    """A search saved with `after_turns` goes where it ran, even where no turn wrote its query verbatim."""
+    turns = [turn("plan", 0, '{"subquestions": ["Who wrote Q?"]}'), turn("answer", 0, "A")]
+    searches = [{"step": 0, "after_turns": 1, "query": "who wrote q", "ids": ["a"]}]
+    items = timeline(turns, searches, [])
+    assert [(i["kind"], i.get("role") or i.get("query")) for i in items] == [
+        ("turn", "plan"),
+        ("search", "who wrote q"),
+        ("turn", "answer"),
+    ]
+    retrieve_then_read = [{"step": 0, "after_turns": 0, "query": "A", "ids": ["a"]}]  # "A" is also an output
+    assert [i["kind"] for i in timeline(turns, retrieve_then_read, [])] == ["search", "turn", "turn"]
+
+
 def test_api_lists_pages_and_pairs_the_other_run(runs):
     client = TestClient(create_app(list(runs)))
     infos = client.get("/api/runs").json()

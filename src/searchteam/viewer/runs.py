@@ -277,23 +277,34 @@ def _episode(
 def timeline(turns: list[dict], searches: list[dict], states: list[dict]) -> list[dict[str, Any]]:
     """Turns, searches and state snapshots in reading order, like a paper's case-study table.
 
-    Within a step: searches whose query no turn of that step wrote come first (retrieve-then-read), a search
-    whose query a turn wrote follows that turn, and the step's state snapshots close it."""
+    Within a step: a search follows the last of the step's turns that had finished when it returned (its
+    `after_turns`), so one that no turn of the step preceded comes first (retrieve-then-read); a run saved
+    without `after_turns` places a search after the turn that wrote its query, else first. The step's state
+    snapshots close it."""
     steps = sorted({_step(x) for x in [*turns, *searches, *states]})
     items: list[dict[str, Any]] = []
     for step in steps:
-        step_turns = [t for t in turns if _step(t) == step]
-        writer = {id(s): _writer(s, step_turns) for s in searches if _step(s) == step}
-        items += [_search_item(s) for s in searches if _step(s) == step and writer[id(s)] is None]
-        for i, turn in enumerate(step_turns):
+        step_turns = [(position, t) for position, t in enumerate(turns) if _step(t) == step]
+        follows = {id(s): _follows(s, step_turns) for s in searches if _step(s) == step}
+        items += [_search_item(s) for s in searches if _step(s) == step and follows[id(s)] is None]
+        for i, (_, turn) in enumerate(step_turns):
             items.append({"kind": "turn", **turn})
-            items += [_search_item(s) for s in searches if _step(s) == step and writer[id(s)] == i]
+            items += [_search_item(s) for s in searches if _step(s) == step and follows[id(s)] == i]
         items += [
             {"kind": "state", "step": step, "state": {k: v for k, v in s.items() if k != "step"}}
             for s in states
             if _step(s) == step
         ]
     return items
+
+
+def _follows(search: dict[str, Any], step_turns: list[tuple[int, dict]]) -> int | None:
+    """Index among its step's turns (`(position in the episode, turn)`) of the turn a search came after."""
+    done = search.get("after_turns")
+    if not isinstance(done, int):
+        return _writer(search, [turn for _, turn in step_turns])
+    before = [i for i, (position, _) in enumerate(step_turns) if position < done]
+    return before[-1] if before else None
 
 
 def _step(item: dict[str, Any]) -> int:
