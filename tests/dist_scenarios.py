@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 from searchteam.rl.config import TrainConfig, WarmStartConfig
+from searchteam.rl.distributed import make_accelerator
 from searchteam.rl.policy import Policy, build_policy
-from searchteam.rl.trainer import Trainer, make_accelerator
+from searchteam.rl.trainer import Trainer
 from searchteam.rl.warm_start import WarmStart
 from searchteam.types import Episode, Question, Turn
 from tests.test_rl_trainer import tiny_model
@@ -98,13 +99,20 @@ class RecordingTrainer(Trainer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.grads: list[dict[str, torch.Tensor]] = []
+        step_if_finite = self.updater.step_if_finite
 
-    def _step_if_finite(self, finite, grad_norm, optimizer) -> bool:
-        named = dict(self.policy.named_parameters())
-        self.grads.append(
-            {n: named[n].grad.detach().clone() for n in self.policy._trainable if named[n].grad is not None}
-        )
-        return super()._step_if_finite(finite, grad_norm, optimizer)
+        def recording_step_if_finite(finite, grad_norm, optimizer) -> bool:
+            named = dict(self.policy.named_parameters())
+            self.grads.append(
+                {
+                    n: named[n].grad.detach().clone()
+                    for n in self.policy._trainable
+                    if named[n].grad is not None
+                }
+            )
+            return step_if_finite(finite, grad_norm, optimizer)
+
+        self.updater.step_if_finite = recording_step_if_finite
 
 
 def warm_start(tok, rank: int) -> WarmStart:

@@ -141,7 +141,7 @@ def test_distributed_modes_that_do_not_work_are_refused_in_one_line(kind: str):
     from accelerate.utils import DistributedType
 
     from searchteam.config import ConfigError
-    from searchteam.rl.trainer import check_distributed
+    from searchteam.rl.distributed import check_distributed
 
     with pytest.raises(ConfigError, match=r"not supported.*--num-processes N") as refused:
         check_distributed(DistributedType[kind])
@@ -161,7 +161,7 @@ def test_distributed_modes_that_do_not_work_are_refused_in_one_line(kind: str):
 )
 def test_ddp_tolerates_unused_parameters_where_a_micro_batch_can_leave_some_out(tmp_path, overrides, unused):
     from searchteam.rl.config import TrainConfig
-    from searchteam.rl.trainer import make_accelerator
+    from searchteam.rl.distributed import make_accelerator
 
     accelerator = make_accelerator(TrainConfig(tensorboard=False, **overrides), tmp_path)
     assert accelerator.ddp_handler.find_unused_parameters is unused

@@ -255,7 +255,7 @@ def train_until_blocked(run_dir: str) -> None:
 def test_training_killed_after_a_checkpoint_resumes_exactly(tmp_path: Path) -> None:
     import torch
 
-    from searchteam.rl.trainer import list_checkpoints
+    from searchteam.rl.checkpoints import list_checkpoints
 
     killed = tmp_path / "killed"
     proc = subprocess.Popen(

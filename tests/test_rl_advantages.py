@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import pytest
 import torch
 
-from searchteam.rl.advantages import gae, group_normalize, informative_groups, role_group_normalize, whiten
-from searchteam.rl.config import TrainConfig
+from searchteam.rl.advantages import (
+    _ESTIMATORS,
+    AdvantageEstimator,
+    adv_estimator_names,
+    assign_advantages,
+    gae,
+    get_adv_estimator,
+    group_normalize,
+    informative_groups,
+    informative_mask,
+    register_adv_est,
+    whiten,
+)
+from searchteam.rl.config import Estimator, TrainConfig
 from searchteam.rl.experience import Sample
-from searchteam.rl.trainer import assign_advantages, lr_multiplier
+from searchteam.rl.trainer import lr_multiplier
 
 
 def t(*xs: float) -> torch.Tensor:
@@ -55,24 +68,6 @@ def test_grpo_group_normalization():
 def test_grpo_equal_rewards_give_zero_and_nan_propagates():
     assert group_normalize(t(1.0, 1.0, 1.0), ["g"] * 3, eps=0.0).tolist() == [0.0, 0.0, 0.0]
     assert torch.isnan(group_normalize(t(1.0, float("nan")), ["g"] * 2)).all()
-
-
-def test_role_group_normalization_compares_each_role_only_with_itself():
-    rewards = t(0.0, 0.9, 0.2, 1.0)
-    groups = ["q"] * 4
-    roles = ["plan", "answer", "plan", "answer"]
-    # plan {0, .2}: mean .1, sample std √.02; answer {.9, 1}: mean .95, std √.005 → ∓1/√2 each
-    adv = role_group_normalize(rewards, groups, roles, eps=0.0)
-    s2 = 1 / math.sqrt(2)
-    assert adv.tolist() == pytest.approx([-s2, -s2, s2, s2])
-    pooled = group_normalize(rewards, groups, eps=0.0)
-    assert pooled[1] > 0 > adv[1]  # the weaker answer looks good only when pooled with the planner's rewards
-
-
-def test_role_groups_stay_within_their_question():
-    adv = role_group_normalize(t(1.0, 0.0, 5.0, 5.0), ["q1", "q1", "q2", "q2"], ["a"] * 4, eps=0.0)
-    s2 = 1 / math.sqrt(2)
-    assert adv.tolist() == pytest.approx([s2, -s2, 0.0, 0.0])
 
 
 def test_dynamic_sampling_drops_groups_with_equal_rewards():
@@ -198,7 +193,7 @@ def test_sft_samples_get_no_advantage():
 
 
 def test_credit_stats_report_each_roles_mean_return_and_advantage():
-    from searchteam.rl.trainer import credit_stats
+    from searchteam.rl.run_log import credit_stats
 
     samples = [_sample("plan", "q", 0, 0, 0.0), _sample("answer", "q", 0, 1, 0.5)]
     assign_advantages(samples, TrainConfig(estimator="gae", gamma=0.0))
@@ -208,3 +203,31 @@ def test_credit_stats_report_each_roles_mean_return_and_advantage():
         "return/plan": 0.0,
         "abs_advantage/plan": 0.0,
     }
+
+
+def test_every_estimator_a_config_can_name_is_registered():
+    assert adv_estimator_names() == sorted(get_args(Estimator))
+    assert get_adv_estimator("gae").critic and get_adv_estimator("role_grpo").by_role
+    with pytest.raises(
+        ValueError, match="unknown advantage estimator 'ppo'; registered: gae, grpo, role_grpo"
+    ):
+        get_adv_estimator("ppo")
+    with pytest.raises(ValueError, match="already registered"):
+        register_adv_est("grpo")(lambda samples, options, config: None)
+
+
+def test_advantages_and_dynamic_sampling_follow_the_registry(monkeypatch: pytest.MonkeyPatch):
+    """What `grpo` is registered as decides the advantages and which groups DAPO keeps."""
+
+    def reward_as_advantage(samples: list[Sample], options, config) -> None:
+        for s in samples:
+            s.advantage, s.returns = 10 * s.reward, s.reward
+
+    monkeypatch.setitem(_ESTIMATORS, "grpo", AdvantageEstimator("grpo", reward_as_advantage, False, None))
+    samples = [_sample("agent", "q", 0, 0, 1.0), _sample("agent", "q", 1, 0, 1.0)]
+    cfg = TrainConfig(estimator="grpo")
+    assign_advantages(samples, cfg)
+    assert [s.advantage for s in samples] == [10.0, 10.0]
+    assert informative_mask(samples, cfg) == [True, True]  # not group-relative: no group is dropped
+    monkeypatch.undo()
+    assert informative_mask(samples, cfg) == [False, False]  # GRPO: equal rewards carry no signal

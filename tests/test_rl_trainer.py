@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from searchteam.rl.checkpoints import list_checkpoints
 from searchteam.rl.config import TrainConfig
 from searchteam.rl.plot import plot_run, trailing_mean
 from searchteam.rl.policy import Policy, build_policy
-from searchteam.rl.trainer import Trainer, list_checkpoints
+from searchteam.rl.trainer import Trainer
 from searchteam.types import Episode, Question, Turn
 
 COMPLETIONS = {"plan": "<plan>find the city</plan>", "answer": "<answer>Paris</answer>"}
@@ -181,7 +182,7 @@ def test_resume_continues_exactly(tokenizer, tmp_path: Path):
     straight = Trainer(policy, scripted_rollout(tokenizer), random_reward, cfg, tmp_path / "a").train()
     final = trainable(policy)
     assert [p.name for p in list_checkpoints(tmp_path / "a")] == ["step-000002", "step-000003"]
-    assert not [p for p in (tmp_path / "a" / "checkpoints").iterdir() if p.name.startswith(".tmp")]
+    assert not [p for p in (tmp_path / "a" / "checkpoints").iterdir() if p.name.startswith(".")]
 
     random.seed(999)  # the restored RNG state, not this seed, must drive the resumed run
     resumed_policy = build_policy(tiny_model(tokenizer), tokenizer, cfg)  # same backbone, fresh adapters

@@ -14,7 +14,8 @@ from searchteam.rl.config import TrainConfig, WarmStartConfig
 from searchteam.rl.experience import collate
 from searchteam.rl.plot import plot_run
 from searchteam.rl.policy import Policy, build_policy
-from searchteam.rl.trainer import Trainer, truncate_jsonl
+from searchteam.rl.run_log import truncate_jsonl
+from searchteam.rl.trainer import Trainer
 from searchteam.rl.warm_start import (
     WarmStart,
     append_kept,
@@ -277,7 +278,7 @@ def test_a_round_killed_while_fine_tuning_resumes_from_its_saved_samples(tokeniz
     def kill(*args, **kwargs):
         raise KeyboardInterrupt
 
-    killed._fine_tune = kill
+    killed.updater.optimizer_step = kill
     with pytest.raises(KeyboardInterrupt):
         killed.run_warm_start()
     assert finished_rounds(tmp_path) == 0

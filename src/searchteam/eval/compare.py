@@ -10,7 +10,6 @@ is 1 / (ROUNDS + 1))."""
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from searchteam.data.benchmark import answer_form, hop_group
+from searchteam.paths import JsonlError, read_jsonl_numbered
 
 RESULTS = "results.jsonl"
 EXACT_SIGN_FLIP = 16  # 2^16 sign patterns enumerate in well under a second
@@ -58,14 +58,11 @@ def load_rows(run: Path) -> dict[str, dict[str, Any]]:
     if not path.exists():
         raise CompareError(f"{path}: no such results file; pass an eval run directory (with {RESULTS})")
     rows: dict[str, dict[str, Any]] = {}
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for number, line in enumerate(lines, 1):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines):
-                break
-            raise CompareError(f"{path}:{number}: not a JSON result row") from None
+    try:
+        numbered = read_jsonl_numbered(path)
+    except JsonlError as exc:
+        raise CompareError(f"{exc}: not a JSON result row") from None
+    for number, row in numbered:
         if row["id"] in rows:
             raise CompareError(f"{path}:{number}: question id {row['id']!r} appears twice")
         rows[row["id"]] = row

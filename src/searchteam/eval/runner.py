@@ -18,7 +18,7 @@ from searchteam.eval.judge_metric import judge_rows
 from searchteam.eval.summary import result_row, summarize
 from searchteam.factory import Components, build_components, build_sampling, build_team, secondary_llm
 from searchteam.llm import LLM
-from searchteam.paths import write_lines_atomic
+from searchteam.paths import JsonlError, read_jsonl_tolerant, write_lines_atomic
 from searchteam.runtime import make_backends, run_episodes
 from searchteam.teams import Team
 from searchteam.tracking import TrackingSetup, check_installed, report_once, trackers_for
@@ -44,22 +44,18 @@ def read_results(path: Path) -> list[dict[str, Any]]:
     """Rows already written; a torn last line (the process died mid-write) is dropped and rewritten."""
     if not path.exists():
         return []
-    rows, good_bytes = [], 0
-    with path.open("rb") as fh:
-        for line in fh:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-            good_bytes += len(line)
-    if good_bytes != path.stat().st_size:
-        with path.open("r+b") as fh:
-            fh.truncate(good_bytes)
-    return rows
+    try:
+        return read_jsonl_tolerant(path, repair=True)
+    except JsonlError as exc:
+        raise ConfigError(
+            f"{exc}: the results file is damaged; delete that line (--resume asks its question again) "
+            "or choose another --out"
+        ) from None
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    write_lines_atomic(path, [json.dumps(data, indent=2, ensure_ascii=False) + "\n"])
+def result_line(row: dict[str, Any]) -> str:
+    """One line of `results.jsonl`."""
+    return json.dumps(row, ensure_ascii=False, default=str) + "\n"
 
 
 def effective_config(config: RunConfig, team: Team) -> dict[str, Any]:
@@ -141,13 +137,13 @@ def evaluate(
         all_rows = judge_rows(
             all_rows, config.judge_model, lambda: judge or build_judge(config), batch_size=config.batch_size
         )
-        write_jsonl_atomic(results_path, all_rows)
+        write_lines_atomic(results_path, map(result_line, all_rows))
     by_id = {row["id"]: row for row in all_rows}
     rows = [by_id[q.id] for q in questions if q.id in by_id]
     summary = summarize(rows, config.method, config.model, seconds_before + time.perf_counter() - started)
     if config.judge_model:
         summary["judge_model"] = config.judge_model
-    write_json_atomic(out / "summary.json", summary)
+    write_lines_atomic(out / "summary.json", [json.dumps(summary, indent=2, ensure_ascii=False) + "\n"])
     tracked = TrackingSetup(config.report_to, config.tracker_project, effective_config(config, team))
     report_once(tracked, out, summary)
     return summary
@@ -160,11 +156,6 @@ def build_judge(config: RunConfig) -> LLM:
     return secondary_llm(config, config.judge_model, config.judge_backend, config.judge_base_url)
 
 
-def write_jsonl_atomic(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Rewrite a JSONL file in one step (`write_lines_atomic`)."""
-    write_lines_atomic(path, (json.dumps(row, ensure_ascii=False, default=str) + "\n" for row in rows))
-
-
 def _run_and_append(
     config: RunConfig, components: Components, todo: list[Question], results_path: Path, progress: bool
 ) -> None:
@@ -172,7 +163,7 @@ def _run_and_append(
     with results_path.open("a", encoding="utf-8") as fh:
 
         def persist(episode: Episode) -> None:
-            fh.write(json.dumps(result_row(episode), ensure_ascii=False, default=str) + "\n")
+            fh.write(result_line(result_row(episode)))
             fh.flush()
 
         asyncio.run(

@@ -1,14 +1,25 @@
-"""Advantage estimators as pure functions: turn-level GAE for PPO with a critic (M-ASK §3.3), group-relative
-normalization for GRPO (QAgent Eq. 1), role-specific group normalization (DECOR Eq. 6), and DAPO's
-dynamic-sampling filter."""
+"""Advantage estimators: the tensor math (turn-level GAE for PPO with a critic, M-ASK §3.3; group-relative
+normalization for GRPO, QAgent Eq. 1; DAPO's dynamic-sampling filter), and a registry of the estimators
+a config names (`estimator`, `role_estimators`), each filling the advantages of its roles' samples.
+
+An estimator registers with `register_adv_est(name, critic=..., by_role=...)` on a function
+`(samples, options, config) -> None` that sets every sample's `advantage` and `returns`; the trainer finds
+it with `get_adv_estimator(name)` and reads the two flags: `critic` (it needs value estimates, the critic
+learns its turns, and `whiten_advantages` applies) and `by_role` (set for group-relative estimators: DAPO
+filters their groups, compared per question, or per role within it)."""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from searchteam.rl.config import RoleEstimator, TrainConfig
+from searchteam.rl.experience import Sample
 
 
 def gae(
@@ -68,20 +79,6 @@ def group_normalize(
     return torch.where(defined, centered / torch.where(defined, denom, 1.0), torch.zeros_like(centered))
 
 
-def role_group_normalize(
-    rewards: torch.Tensor,
-    groups: Sequence[Hashable],
-    roles: Sequence[str],
-    eps: float = 1e-6,
-    scale: bool = True,
-) -> torch.Tensor:
-    """DECOR Eq. 6: A_i^u = (R^{u,i} − μ_u) / (σ_u + ε), with μ_u, σ_u taken over the rewards of role u
-    within the question's group, so each role is compared only with itself."""
-    if len(groups) != len(roles):
-        raise ValueError(f"one role per group key needed: {len(groups)} groups, {len(roles)} roles")
-    return group_normalize(rewards, list(zip(groups, roles, strict=True)), eps=eps, scale=scale)
-
-
 def informative_groups(rewards: Sequence[float], keys: Sequence[Hashable], tol: float = 1e-8) -> list[bool]:
     """DAPO dynamic sampling: a keep-mask that drops every group whose rewards are all equal (all right or
     all wrong), since their group-normalized advantages are all zero and only add noise to the batch."""
@@ -100,3 +97,169 @@ def whiten(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     if x.numel() < 2:
         return x - x.mean()
     return (x - x.mean()) / (x.std() + eps)
+
+
+# ---- the registry -----------------------------------------------------------------------------------
+
+EstimatorFn = Callable[[list[Sample], RoleEstimator, TrainConfig], None]
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """A registered estimator: `compute(samples, options, config)` fills `advantage` and `returns` of the
+    samples of every role it estimates (`options`: those roles' resolved `RoleEstimator`)."""
+
+    name: str
+    compute: EstimatorFn
+    critic: bool  # reads critic values; the critic learns its turns; `whiten_advantages` applies
+    by_role: bool | None  # group-relative: per question (False) or per role within it (True); else None
+
+
+_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+
+
+def register_adv_est(
+    name: str, *, critic: bool = False, by_role: bool | None = None
+) -> Callable[[EstimatorFn], EstimatorFn]:
+    """Register the decorated function as the advantage estimator `name` (see the module's docstring)."""
+
+    def register(compute: EstimatorFn) -> EstimatorFn:
+        if name in _ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        _ESTIMATORS[name] = AdvantageEstimator(name, compute, critic, by_role)
+        return compute
+
+    return register
+
+
+def get_adv_estimator(name: str) -> AdvantageEstimator:
+    """The estimator registered as `name`."""
+    try:
+        return _ESTIMATORS[name]
+    except KeyError:
+        known = ", ".join(sorted(_ESTIMATORS))
+        raise ValueError(f"unknown advantage estimator {name!r}; registered: {known}") from None
+
+
+def adv_estimator_names() -> list[str]:
+    return sorted(_ESTIMATORS)
+
+
+def trains_critic(options: RoleEstimator) -> bool:
+    """Whether the turns of roles with these options are estimated with (and train) the critic."""
+    return get_adv_estimator(options.estimator).critic
+
+
+def whitens(options: RoleEstimator) -> bool:
+    """Whether the advantages of roles with these options are whitened (a critic estimator's option)."""
+    return trains_critic(options) and bool(options.whiten_advantages)
+
+
+@register_adv_est("gae", critic=True)
+def gae_advantages(samples: list[Sample], options: RoleEstimator, config: TrainConfig) -> None:
+    """Turn-level GAE over each episode's turns of the estimated roles, in order (M-ASK §3.3)."""
+    by_episode: dict[int, list[Sample]] = defaultdict(list)
+    for s in samples:
+        by_episode[s.episode_id].append(s)
+    for turns in by_episode.values():
+        turns.sort(key=lambda s: s.turn_index)
+        rewards = torch.tensor([s.reward for s in turns], dtype=torch.float64)
+        values = torch.tensor([s.old_value for s in turns], dtype=torch.float64)
+        adv, ret = gae(rewards, values, options.gamma, options.lam)
+        for s, a, r in zip(turns, adv.tolist(), ret.tolist(), strict=True):
+            s.advantage, s.returns = a, r
+
+
+@register_adv_est("grpo", by_role=False)
+def grpo_advantages(samples: list[Sample], options: RoleEstimator, config: TrainConfig) -> None:
+    """GRPO over the trajectories of each question (QAgent Eq. 1), see `group_advantages`."""
+    group_advantages(samples, False, config.adv_eps, bool(options.adv_scale_by_std))
+
+
+@register_adv_est("role_grpo", by_role=True)
+def role_grpo_advantages(samples: list[Sample], options: RoleEstimator, config: TrainConfig) -> None:
+    """GRPO per role within each question (DECOR Eq. 6: each role is compared only with itself)."""
+    group_advantages(samples, True, config.adv_eps, bool(options.adv_scale_by_std))
+
+
+# ---- advantages of samples --------------------------------------------------------------------------
+
+
+def assign_advantages(samples: list[Sample], config: TrainConfig, whitening: bool = True) -> None:
+    """Fill `advantage` (and `returns`) on every RL sample with its role's estimator (`estimator`, or the
+    role's entry in `role_estimators`); SFT samples carry no advantage. Roles that share an estimator are
+    estimated together: GAE runs over each episode's turns of those roles in order. `whitening=False`
+    leaves GAE's `whiten_advantages` to the caller (the trainer whitens over every process's samples)."""
+    for options, part in by_estimator(samples, config).items():
+        get_adv_estimator(options.estimator).compute(part, options, config)
+        if whitening and whitens(options):
+            whiten_samples(part, [s.advantage for s in part])
+
+
+def by_estimator(samples: list[Sample], config: TrainConfig) -> dict[RoleEstimator, list[Sample]]:
+    """The RL samples grouped by the estimator (and options) of their role."""
+    groups: dict[RoleEstimator, list[Sample]] = defaultdict(list)
+    for s in samples:
+        if not s.sft:
+            groups[config.estimator_of(s.role)].append(s)
+    return groups
+
+
+def whiten_samples(part: list[Sample], population: list[float], offset: int = 0) -> None:
+    """Set the advantages of `part` to their whitened values, the statistics taken over `population`
+    (the advantages of `part` start at `offset` in it)."""
+    whitened = whiten(torch.tensor(population, dtype=torch.float64))[offset : offset + len(part)]
+    for s, a in zip(part, whitened.tolist(), strict=True):
+        s.advantage = a
+
+
+def trajectory_key(sample: Sample, by_role: bool) -> tuple:
+    """The unit a group estimator scores: one trajectory (episode), per role for role_grpo, and per
+    sub-group (`Sample.subgroup`, e.g. DAC's hard-positive inputs) within it."""
+    return (sample.episode_id, sample.role if by_role else "", sample.subgroup)
+
+
+def group_of(sample: Sample, by_role: bool) -> tuple:
+    """The group a trajectory is compared within: the question, per role for role_grpo, per sub-group."""
+    return (sample.group_id, sample.role if by_role else "", sample.subgroup)
+
+
+def trajectories(samples: list[Sample], by_role: bool) -> list[list[Sample]]:
+    """Samples bucketed by trajectory (see `trajectory_key`), in first-seen order."""
+    units: dict[tuple, list[Sample]] = defaultdict(list)
+    for s in samples:
+        units[trajectory_key(s, by_role)].append(s)
+    return list(units.values())
+
+
+def trajectory_reward(members: list[Sample]) -> float:
+    """R_i of a group estimator: the mean reward of the trajectory's samples."""
+    return float(np.mean([s.reward for s in members]))
+
+
+def group_advantages(samples: list[Sample], by_role: bool, eps: float, scale: bool) -> None:
+    """GRPO over trajectories (QAgent Eq. 1; DECOR Eq. 6 with `by_role`): each trajectory of a group gets
+    one reward R_i, the mean reward of its samples (the outcome itself when the scheme repeats it on every
+    turn), Â_i = (R_i − μ_g) / (σ_g + ε) over the G trajectories of its group, broadcast to its turns. A
+    trajectory with many turns thus counts once, as in the papers, not once per turn."""
+    members = trajectories(samples, by_role)
+    rewards = torch.tensor([trajectory_reward(m) for m in members], dtype=torch.float64)
+    adv = group_normalize(rewards, [group_of(m[0], by_role) for m in members], eps, scale)
+    for m, a, r in zip(members, adv.tolist(), rewards.tolist(), strict=True):
+        for s in m:
+            s.advantage, s.returns = a, r
+
+
+def informative_mask(samples: list[Sample], config: TrainConfig) -> list[bool]:
+    """DAPO dynamic sampling at the trajectory level: False for the samples of a group whose trajectory
+    rewards are all equal (zero advantage). Samples of other estimators (GAE) and SFT samples are kept."""
+    dropped: set[int] = set()
+    for est in _ESTIMATORS.values():
+        if est.by_role is None:
+            continue
+        picked = [s for s in samples if not s.sft and config.estimator_of(s.role).estimator == est.name]
+        members = trajectories(picked, est.by_role)
+        rewards = [trajectory_reward(m) for m in members]
+        varied = informative_groups(rewards, [group_of(m[0], est.by_role) for m in members])
+        dropped |= {id(s) for m, v in zip(members, varied, strict=True) if not v for s in m}
+    return [id(s) not in dropped for s in samples]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from searchteam.paths import write_lines_atomic
+from searchteam.paths import read_jsonl_tolerant, write_lines_atomic
 from searchteam.rl.config import WARM_START, WarmStartConfig
 from searchteam.rl.experience import Sample, samples_from_episodes
 from searchteam.types import Episode, Turn
@@ -148,9 +148,9 @@ def _episode_line(key: str, value: float, episode: Episode) -> str:
 
 
 def _read_episode_lines(path: Path, key: str) -> list[tuple[float, Episode]]:
-    """What `_episode_line` wrote: the extra field's value and the episode, per line."""
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [(r.pop(key), Episode.model_validate(r)) for r in records]
+    """What `_episode_line` wrote: the extra field's value and the episode, per line (a torn last line is
+    left out)."""
+    return [(r.pop(key), Episode.model_validate(r)) for r in read_jsonl_tolerant(path)]
 
 
 def append_kept(run_dir: Path, round_index: int, episodes: list[Episode]) -> None:

@@ -1,0 +1,161 @@
+"""What a training run records: one JSONL record per step (`train_log.jsonl`) and per warm-start round,
+the same numbers sent to accelerate's trackers (`searchteam.tracking`: TensorBoard by default), and the
+traces of the episodes it rolled out (`rollouts.jsonl`). Only the main process writes; a resumed run cuts
+the files back to its checkpoint's step."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from accelerate import Accelerator
+from accelerate.utils import gather_object
+
+from searchteam import tracking
+from searchteam.paths import read_jsonl_numbered, write_lines_atomic
+from searchteam.rl.config import LOG_NAME, ROLLOUTS_NAME, TrainConfig
+from searchteam.rl.experience import Sample
+from searchteam.types import Episode
+
+
+class RunLog:
+    """The records of one run in `run_dir`. Trackers of the accelerator's `log_with` that are not yet
+    running start at the first record and stop at `finish()` (the next record restarts them); `on_step`,
+    if given, sees every record first."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        accelerator: Accelerator,
+        setup: tracking.TrackingSetup,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.run_dir = run_dir
+        self.accelerator = accelerator
+        self.setup = setup
+        self.on_step = on_step
+        self._own_trackers = bool(accelerator.log_with) and not accelerator.trackers
+        self._tracking = False
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / LOG_NAME
+
+    def step(self, record: dict[str, Any]) -> None:
+        """An RL step's record: to `on_step`, the run's log and the trackers (main process only)."""
+        if not self.accelerator.is_main_process:
+            return
+        if self.on_step is not None:
+            self.on_step(record)
+        self.append(self.path, record)
+        self.track(record, "step")
+
+    def append(self, path: Path, record: dict[str, Any]) -> None:
+        """One record at the end of a JSONL log; NaN and infinities are written as null."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(jsonable(record)) + "\n")
+
+    def track(self, record: dict[str, Any], step_key: str, prefix: str = "") -> None:
+        """Send a log record's numbers to the trackers (main process; started at the first record), with
+        `record[step_key]` as their step."""
+        if self._own_trackers and not self._tracking:
+            tracking.start(self.accelerator, self.setup, self.run_dir.name)
+            self._tracking = True
+        values = tracking.scalars(record, prefix, skip=(step_key,))
+        self.accelerator.log(values, step=int(record[step_key]))
+
+    def finish(self) -> None:
+        """Close the trackers this log started; the next record reopens them."""
+        if self._tracking:
+            tracking.finish(self.accelerator)
+            self._tracking = False
+
+    def rollouts(self, episodes: list[Episode], step: int) -> None:
+        """Traces for reading what the policy did, every process's: each episode's turns with completion,
+        format flag and reward (prompts and token ids left out; `searchteam eval` keeps them in full)."""
+        lines = gather_object([json.dumps({"step": step, **trace(e)}) for e in episodes])
+        if not self.accelerator.is_main_process:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with (self.run_dir / ROLLOUTS_NAME).open("a", encoding="utf-8") as fh:
+            fh.writelines(line + "\n" for line in lines)
+
+    def cut_back(self, step: int) -> None:
+        """Drop the log records and traces of steps after `step` (a resumed run writes them again)."""
+        if self.accelerator.is_main_process:
+            for path in (self.path, self.run_dir / ROLLOUTS_NAME):
+                truncate_jsonl(path, "step", step)
+
+
+def truncate_jsonl(path: Path, key: str, upto: int) -> None:
+    """Keep the records of a JSONL log whose `key` is at most `upto` (a resumed run rewrites the rest); a
+    torn last line (the process died mid-write) is dropped."""
+    if not path.exists():
+        return
+    kept = [r for _, r in read_jsonl_numbered(path) if r.get(key, 0) <= upto]
+    write_lines_atomic(path, (json.dumps(r) + "\n" for r in kept))
+
+
+def run_trackers(setup: tracking.TrackingSetup, config: TrainConfig) -> list[str]:
+    """The trackers a run starts: `report_to`, else TensorBoard when `config.tensorboard`."""
+    if setup.report_to is None:
+        return tracking.default_trackers(config.tensorboard)
+    names = tracking.trackers_for(setup.report_to)
+    tracking.check_installed(names)
+    return names
+
+
+def role_stats(samples: list[Sample]) -> dict[str, float]:
+    """Per-role reward mean, format-error rate and response length (tokens) for the log."""
+    out: dict[str, float] = {}
+    by_role: dict[str, list[Sample]] = defaultdict(list)
+    for s in samples:
+        by_role[s.role].append(s)
+    for role, group in sorted(by_role.items()):
+        out[f"reward/{role}"] = float(np.mean([s.reward for s in group]))
+        out[f"format_error_rate/{role}"] = float(np.mean([not s.parsed_ok for s in group]))
+        out[f"response_length/{role}"] = float(np.mean([len(s.completion_ids) for s in group]))
+        out[f"samples/{role}"] = float(len(group))
+    if samples:
+        out["reward/mean"] = float(np.mean([s.reward for s in samples]))
+    return out
+
+
+def credit_stats(samples: list[Sample]) -> dict[str, float]:
+    """Per-role mean return (the critic's target, or the trajectory reward of a group estimator) and mean
+    |advantage| after `assign_advantages`, to read the credit each role received from the log."""
+    out: dict[str, float] = {}
+    by_role: dict[str, list[Sample]] = defaultdict(list)
+    for s in samples:
+        if not s.sft:
+            by_role[s.role].append(s)
+    for role, group in sorted(by_role.items()):
+        out[f"return/{role}"] = float(np.mean([s.returns for s in group]))
+        out[f"abs_advantage/{role}"] = float(np.mean([abs(s.advantage) for s in group]))
+    return out
+
+
+def light(sample: Sample) -> Sample:
+    """A sample without its prompt and per-token lists, for the log statistics of all processes."""
+    return replace(sample, prompt_ids=[], loss_mask=[], old_logprobs=None, ref_logprobs=None)
+
+
+def trace(episode: Episode) -> dict[str, Any]:
+    """An episode for `rollouts.jsonl`: question, answer, meta and turns without prompts or token ids."""
+    return episode.model_dump(
+        mode="json",
+        include={"question", "answer", "error", "meta", "turns"},
+        exclude={"turns": {"__all__": {"messages", "prompt_token_ids", "completion_token_ids", "logprobs"}}},
+    )
+
+
+def jsonable(record: dict[str, Any]) -> dict[str, Any]:
+    """NaN/inf become null so the log stays valid JSON."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
