@@ -31,7 +31,7 @@ from searchteam.rewards.metrics import answer_scores
 from searchteam.rewards.schemes import build_reward_scheme
 from searchteam.rl import Policy, TrainConfig, Trainer, load_policy
 from searchteam.rl.config import WarmStartConfig
-from searchteam.rl.trainer import make_accelerator
+from searchteam.rl.distributed import make_accelerator
 from searchteam.rl.warm_start import WarmStart
 from searchteam.runtime import make_backends, run_episodes
 from searchteam.teams import Team
@@ -147,11 +147,7 @@ def questions_for_step(
     shuffled and depend only on (seed, step), so a resumed run sees the same data; each of the `world`
     processes takes every `world`-th question of the batch, so no two roll out the same question and all
     of a question's group stays on one process."""
-    if per_step % world:
-        raise ValueError(
-            f"questions_per_step ({per_step}) must be a multiple of the number of processes ({world}): "
-            "each process rolls out an equal share of the step's questions"
-        )
+    check_equal_shares("questions_per_step", per_step, world)
     epoch_len = max(1, len(questions) // per_step)
     epoch, index = divmod(step, epoch_len)
     order = list(range(len(questions)))
@@ -462,11 +458,16 @@ def check_shardable(cfg: TrainRunConfig, world: int) -> None:
     if cfg.warm_start is not None:
         counts["warm_start.questions_per_round"] = cfg.warm_start.questions_per_round
     for name, count in counts.items():
-        if count % world:
-            raise ConfigError(
-                f"{name} ({count}) must be a multiple of the number of processes ({world}): each process "
-                "rolls out an equal share of the questions"
-            )
+        check_equal_shares(name, count, world)
+
+
+def check_equal_shares(name: str, count: int, world: int) -> None:
+    """Refuse a question count (`name`) that `world` processes cannot share equally."""
+    if count % world:
+        raise ConfigError(
+            f"{name} ({count}) must be a multiple of the number of processes ({world}): each process "
+            "rolls out an equal share of the questions"
+        )
 
 
 def warm_start_stage(
