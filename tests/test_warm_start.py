@@ -235,6 +235,20 @@ def test_a_killed_warm_start_resumes_at_its_next_round_and_rl_skips_it(tokenizer
     assert calls == [2]  # RL had begun: no further warm-start round
 
 
+def test_a_resume_before_any_checkpoint_drops_the_rl_steps_logged_after_the_warm_start(
+    tokenizer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    torch.set_num_threads(1)
+    policy = build_policy(tiny_model(tokenizer), tokenizer, rl_config())
+    stage = scripted_stage(tokenizer, 1, [])
+    Trainer(policy, None, no_reward, rl_config(), tmp_path, warm_start=stage).run_warm_start()
+    (tmp_path / "train_log.jsonl").write_text('{"step": 1}\n{"step": 2, "lo')  # killed before a checkpoint
+    trainer = Trainer(policy, None, no_reward, rl_config(), tmp_path, warm_start=stage)
+    assert trainer.resume() == 0
+    assert (tmp_path / "train_log.jsonl").read_text() == ""  # step 1 is run again, not logged twice
+
+
 def test_a_resumed_log_drops_later_records_and_a_torn_line(tmp_path: Path) -> None:
     log = tmp_path / "train_log.jsonl"
     log.write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n{"step": 4, "lo')
