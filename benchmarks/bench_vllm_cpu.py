@@ -85,6 +85,7 @@ def run(method: str, backend: str, args: argparse.Namespace, out: Path, url: str
         model=args.model,
         backend=backend,
         base_url=url,
+        server={"timeout": 1800},  # requests queue behind each other on a slow engine: no client retries
         ov_precision=args.precision,
         split="smoke",
         datasets=args.datasets.split(","),

@@ -199,7 +199,7 @@ def logged_steps(run: Path) -> list[int]:
 
 def test_two_training_runs_then_a_resume_on_one_server(tmp_path):
     config = tiny_training_config(
-        tmp_path, "train-naive_rag-cpu", top_k=1, max_new_tokens=8, group_size=2, questions_per_step=2
+        tmp_path, "train-naive_rag-cpu", top_k=1, max_new_tokens=8, group_size=2, questions_per_step=1
     )
     for name in ("first", "second"):
         done = train_cli(config, tmp_path / name, 2)
