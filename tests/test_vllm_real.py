@@ -237,6 +237,7 @@ def test_per_role_adapters_are_loaded_together_and_each_role_names_its_own(recor
     roles = {call["role"] for call in recorded}
     assert roles == {"searcher", "generator"}
     for call in recorded:
+        assert {k: call["body"][k] for k in NEUTRAL} == NEUTRAL  # rollouts state their sampling too
         assert call["body"]["model"] == call["routed"]
         assert call["routed"] in {names[call["role"]] for names, _ in loads}
     assert adapters_on_server() == []
