@@ -15,9 +15,9 @@ import time
 
 from searchteam.data import load_benchmark
 from searchteam.llm import build_llm
+from searchteam.methods import get_team
 from searchteam.retrieval import build_retriever
 from searchteam.runtime import Sampling, make_backends, run_episodes
-from searchteam.teams import get_team
 
 
 def run_mode(team, questions, llm, retriever, max_batch: int, concurrency: int):

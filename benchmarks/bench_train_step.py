@@ -6,8 +6,8 @@ update, timed as weight sync), and prints per step and on average the split and 
 step, then the rollout-time ratio hf / ov. With `--log RUN_DIR/train_log.jsonl` it summarizes the timings
 an earlier `searchteam train` run logged.
 
-    python benchmarks/bench_train_step.py [--config train-search_r1-cpu] [--steps 2] [--backends hf,ov]
-    python benchmarks/bench_train_step.py --log runs/train-search_r1-cpu/train_log.jsonl
+    python benchmarks/bench_train_step.py [--config search_r1/smollm135m-cpu] [--steps 2] [--backends hf,ov]
+    python benchmarks/bench_train_step.py --log runs/search_r1/smollm135m-cpu/train_log.jsonl
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def report(records: list[dict], label: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="train-search_r1-cpu")
+    parser.add_argument("--config", default="search_r1/smollm135m-cpu")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--backends", default="hf,ov", help="rollout engines to compare, in this order")
     parser.add_argument("--log", type=Path, help="summarize this train_log.jsonl instead of training")

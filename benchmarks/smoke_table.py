@@ -16,7 +16,7 @@ from pathlib import Path
 from searchteam.config import RunConfig
 from searchteam.eval.runner import evaluate
 from searchteam.llm.models import DEFAULT_MODEL
-from searchteam.teams import METHODS
+from searchteam.methods import METHODS
 
 GROUPS = ("single-hop", "multi-hop")
 

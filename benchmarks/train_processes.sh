@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One real RL step of `train-naive_rag-cpu` (the default model, its real retriever and NQ questions) in one
+# One real RL step of `naive_rag/smollm135m-cpu` (the default model, its real retriever and NQ questions) in one
 # process and in two data-parallel processes (torchrun, gloo) on this machine, one after the other. Prints
 # each run's record (world_size, episodes, samples, reward, times) and the wall-clock ratio of the two.
 # Both runs see the same step-0 questions and train on every sample (dynamic sampling off, so both update
@@ -11,8 +11,8 @@ export HF_HUB_OFFLINE=1
 rm -rf "$out" && mkdir -p "$out"
 python -c '
 import sys, yaml
-from searchteam.config import SHIPPED_CONFIGS
-recipe = yaml.safe_load((SHIPPED_CONFIGS / "train-naive_rag-cpu.yaml").read_text())
+from searchteam.config import shipped_recipes
+recipe = yaml.safe_load(shipped_recipes()["naive_rag/smollm135m-cpu"][0].read_text())
 recipe["train"]["dynamic_sampling"] = False
 open(sys.argv[1], "w").write(yaml.safe_dump(recipe))
 ' "$out/recipe.yaml"

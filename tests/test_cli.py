@@ -23,7 +23,7 @@ from searchteam.cli import QUESTION_FLAGS, RUN_FLAGS, app
 from searchteam.config import ConfigError, RunConfig, load_config, parse_settings, shipped_recipes
 from searchteam.factory import Components
 from searchteam.llm.scripted import ScriptedLLM
-from searchteam.teams import get_team
+from searchteam.methods import get_team
 from searchteam.training import TrainRunConfig, load_train_run_config
 from tests.helpers import PASSAGES, TinyRetriever
 
@@ -152,7 +152,7 @@ def test_a_misspelled_set_key_gets_the_did_you_mean_error(monkeypatch: pytest.Mo
 
 
 def test_set_reaches_nested_training_fields_of_a_recipe():
-    recipe = Path("train-qagent-cpu")
+    recipe = Path("qagent/smollm135m-cpu")
     base = load_train_run_config(recipe, {})
     settings = parse_settings(["train.lr=0.00002", "reward.stage=2", "train.steps=7", "group_size=3"])
     cfg = load_train_run_config(recipe, {"steps": 5}, settings)

@@ -174,7 +174,7 @@ def test_train_refuses_a_question_count_the_processes_cannot_share_before_launch
     from searchteam.cli import app
 
     result = CliRunner().invoke(
-        app, ["train", "--config", "train-naive_rag-cpu", "--num-processes", "3", "--out", str(tmp_path)]
+        app, ["train", "--config", "naive_rag/smollm135m-cpu", "--num-processes", "3", "--out", str(tmp_path)]
     )
     assert result.exit_code == 2
     assert "questions_per_step (4) must be a multiple of the number of processes (3)" in result.output

@@ -25,9 +25,10 @@ from searchteam.config import ConfigError, RunConfig, load_config
 from searchteam.data.benchmark import DataError, load_questions
 from searchteam.factory import Components, build_team
 from searchteam.llm.scripted import ScriptedLLM
+from searchteam.methods import METHODS, get_team
 from searchteam.paths import filesystem_fault
 from searchteam.runtime import Sampling, make_backends, run_episodes
-from searchteam.teams import METHODS, TeamSettings, get_team
+from searchteam.teams import TeamSettings
 from searchteam.training import load_train_run_config
 from searchteam.types import Question
 from tests.helpers import PASSAGES, TinyRetriever
@@ -352,7 +353,7 @@ def test_train_with_an_unknown_option_says_which_exist(tmp_path: Path) -> None:
     )
     assert line == (
         "error: unknown option 'mod' in options: method 'qagent' has the options mode, max_retries, "
-        "frozen_generator, question_passages; did you mean 'mode'?"
+        "frozen_generator; did you mean 'mode'?"
     )
 
 

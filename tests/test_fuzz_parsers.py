@@ -27,20 +27,15 @@ from hypothesis import strategies as st
 
 import searchteam
 from searchteam.config import ConfigError, RunConfig, load_config
+from searchteam.methods.dac import team as dac
+from searchteam.methods.decor import team as decor
+from searchteam.methods.ircot import team as ircot
+from searchteam.methods.jade import team as jade
+from searchteam.methods.mask import team as mask
+from searchteam.methods.qagent import team as qagent
+from searchteam.methods.search_r1 import team as search_r1
 from searchteam.rewards import judge
-from searchteam.teams import (
-    base,
-    dac,
-    decor,
-    ircot,
-    jade,
-    mask,
-    parsing,
-    qagent,
-    search_r1,
-    static_pipeline,
-    transcript,
-)
+from searchteam.teams import base, parsing, selectors, transcript
 from searchteam.teams.parsing import MAX_PARSE_CHARS, Parsed
 from searchteam.types import Turn
 
@@ -75,7 +70,7 @@ def _answer_from(text: str) -> tuple[str, bool, str | None]:
 
 def _queries_from(text: str) -> tuple[list[str], bool, str | None]:
     turn = Turn(role="qr", completion=text)
-    return static_pipeline.queries_from(turn, QUESTION, 4), turn.parsed_ok, turn.parse_error
+    return selectors.queries_from(turn, QUESTION, 4), turn.parsed_ok, turn.parse_error
 
 
 def _ircot(text: str) -> tuple[str, str | None]:
@@ -152,7 +147,7 @@ def check_ircot(r: tuple[str, str | None]) -> None:
     assert answer is None or isinstance(answer, str)
 
 
-def check_selection(r: static_pipeline.Selection) -> None:
+def check_selection(r: selectors.Selection) -> None:
     _flag(r.ok, r.error)
     assert r.ids and len(set(r.ids)) == len(r.ids) and all(0 <= i < 3 for i in r.ids)
 
@@ -221,12 +216,12 @@ TARGETS = [
     ),
     Target("ircot.first_sentence", _ircot, (), check_ircot),
     Target(
-        "static_pipeline.parse_selection",
-        lambda t: static_pipeline.parse_selection(t, 3),
+        "selectors.parse_selection",
+        lambda t: selectors.parse_selection(t, 3),
         ("id",),
         check_selection,
     ),
-    Target("static_pipeline.queries_from", _queries_from, ("query",), check_queries),
+    Target("selectors.queries_from", _queries_from, ("query",), check_queries),
     Target("judge.parse_verdict", judge.parse_verdict, ("verdict",), check_verdict),
 ]
 BY_NAME = pytest.mark.parametrize("target", TARGETS, ids=[t.name for t in TARGETS])
@@ -333,7 +328,7 @@ PARSER_MODULES = (
     jade,
     search_r1,
     ircot,
-    static_pipeline,
+    selectors,
     judge,
 )
 # Constructs that make Python's backtracking regex engine superlinear: a quantified wildcard or negated class

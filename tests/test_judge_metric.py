@@ -15,7 +15,7 @@ from searchteam.eval.runner import evaluate, read_results
 from searchteam.factory import Components
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
-from searchteam.teams import get_team
+from searchteam.methods import get_team
 from tests.helpers import PASSAGES, TinyRetriever
 
 

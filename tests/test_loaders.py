@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import faiss
@@ -229,14 +227,3 @@ def test_prebuilt_index_with_the_shipped_minilm(tmp_path: Path, cache: Path) -> 
     retriever = build_retriever(f"dense:{index}", corpus=corpus)
     hits = retriever.search(["biggest planet", "river in Egypt"], k=1)
     assert [row[0].id for row in hits] == ["Jupiter", "Nile"]
-
-
-def test_the_held_out_question_file_shares_no_question_with_the_tuning_set(tmp_path):
-    out = tmp_path / "heldout.jsonl"
-    script = Path(__file__).parents[1] / "scripts" / "heldout_questions.py"
-    subprocess.run([sys.executable, str(script), str(out)], check=True, capture_output=True)
-    held_out = load_questions(out)
-    tuned = select_questions(RunConfig(datasets=["hotpotqa", "2wikimultihopqa"], split="dev", limit=150))
-    assert len(held_out) == 213 and len(tuned) == 300
-    assert not {q.id for q in held_out} & {q.id for q in tuned}
-    assert {q.dataset for q in held_out} == {"hotpotqa", "2wikimultihopqa", "musique", "bamboogle"}

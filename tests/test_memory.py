@@ -76,7 +76,7 @@ def test_lora_estimate_by_hand():
 
 
 def test_full_fine_tuning_with_a_critic_copy_does_not_fit():
-    """The old train-mask-gpu recipe: Qwen2.5-7B fully fine-tuned with AdamW plus a trained critic copy
+    """The old mask/qwen7b-gpu recipe: Qwen2.5-7B fully fine-tuned with AdamW plus a trained critic copy
     needs 2 · 16 bytes a parameter before activations, about 227 GiB."""
     shape = QWEN25["Qwen2.5-7B"]
     est = estimate_memory(shape, tokens=0, full_ft=True, critic="separate", kl=False)

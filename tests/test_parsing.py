@@ -1,4 +1,4 @@
-from searchteam.teams.mask import parse_plan
+from searchteam.methods.mask.team import parse_plan
 from searchteam.teams.parsing import (
     MAX_PARSE_CHARS,
     capped,

@@ -9,17 +9,18 @@ from typing import get_args
 
 import pytest
 
-from searchteam.config import SHIPPED_CONFIGS, RunConfig
+from searchteam.config import RunConfig, shipped_recipes
 from searchteam.factory import build_team
 from searchteam.rl.memory import QWEN25, estimate_memory
 from searchteam.training import load_train_run_config
 
-RECIPES = sorted(SHIPPED_CONFIGS.glob("train-*.yaml"))
+RECIPES = [path for path, _ in shipped_recipes().values()]
 GPU_RECIPES = [p for p in RECIPES if p.stem.endswith("-gpu")]
+GPU_NAMES = [name for name in shipped_recipes() if name.endswith("-gpu")]
 BACKENDS = get_args(RunConfig.model_fields["backend"].annotation)
 
 
-@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: f"{p.parent.parent.name}/{p.stem}")
 def test_recipe_loads_with_a_backend_and_the_trained_sampling(path: Path):
     cfg = load_train_run_config(path, {})
     build_team(cfg)  # method, roles, options all known
@@ -32,10 +33,10 @@ def test_recipe_loads_with_a_backend_and_the_trained_sampling(path: Path):
 
 
 def test_gpu_recipes_exist():
-    assert {p.stem for p in GPU_RECIPES} >= {"train-mask-gpu", "train-search_r1-gpu"}
+    assert set(GPU_NAMES) >= {"mask/qwen7b-gpu", "search_r1/qwen3b-gpu"}
 
 
-@pytest.mark.parametrize("path", GPU_RECIPES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", GPU_RECIPES, ids=lambda p: f"{p.parent.parent.name}/{p.stem}")
 def test_gpu_recipe_states_a_memory_that_fits_one_card(path: Path):
     """The header's `memory per process: N GiB` is the estimate for the recipe's model and settings at the
     micro-batch length it states, and fits an 80 GB card."""

@@ -8,8 +8,8 @@ import pytest
 
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
+from searchteam.methods import build_reward_scheme, reward_methods
 from searchteam.rewards.judge import judge_request, load_judge_prompts, parse_verdict
-from searchteam.rewards.schemes import build_reward_scheme, reward_methods
 from searchteam.types import Episode, Passage, Question, Retrieval, Turn
 
 F1_PARIS_FRANCE = 2 / 3  # F1("Paris France", ["Paris"]): precision 1/2, recall 1
@@ -65,8 +65,8 @@ def test_mask_training_episode_turn_rewards():
     gain_1, gain_2 = F1_PARIS_FRANCE, 1.0 - F1_PARIS_FRANCE
     assert rewards(ep, "search") == pytest.approx([gain_1, gain_2, 0.0])
     assert rewards(ep, "summary") == rewards(ep, "update") == pytest.approx([gain_1, gain_2])
-    assert ep.meta["reward"] == 1.0
-    assert ep.meta["reward_terms"]["imputed_turns"] == 0.0
+    assert ep.reward == 1.0
+    assert ep.reward_terms["imputed_turns"] == 0.0
 
 
 def test_mask_format_penalty_is_off_by_default_and_lowers_only_broken_turns():
@@ -86,7 +86,7 @@ def test_mask_format_penalty_is_off_by_default_and_lowers_only_broken_turns():
     assert rewards(paper) == pytest.approx([0.0, 1.0, 1.0, 1.0, 1.0])  # Eq. 2-3 alone: formats do not count
     penalized = scored({"format_penalty": 1.0})
     assert rewards(penalized) == pytest.approx([-1.0, 1.0, 0.0, 1.0, 1.0])
-    assert penalized.meta["reward"] == 1.0 and penalized.meta["reward_terms"]["format_errors"] == 2.0
+    assert penalized.reward == 1.0 and penalized.reward_terms["format_errors"] == 2.0
 
 
 def test_mask_inference_episode_carries_answers_forward_and_uses_the_final_answer_last():
@@ -101,7 +101,7 @@ def test_mask_inference_episode_carries_answers_forward_and_uses_the_final_answe
     build_reward_scheme("mask")([ep])
     assert rewards(ep, "search") == pytest.approx([0.0, 1.0 - F1_PARIS_FRANCE, 0.0])
     assert rewards(ep, "answer") == [1.0]
-    assert ep.meta["reward_terms"]["imputed_turns"] == 2.0
+    assert ep.reward_terms["imputed_turns"] == 2.0
 
 
 @pytest.mark.parametrize(
@@ -119,7 +119,7 @@ def test_mask_iteration_rewards_telescope(a0, per_turn, final, last_f1):
     turns.append(turn("answer", len(per_turn), turn=None, final=True, predicted_answer=final))
     ep = episode("mask", turns, final)
     build_reward_scheme("mask")([ep])
-    terms = ep.meta["reward_terms"]
+    terms = ep.reward_terms
     assert terms["last_turn_f1"] == pytest.approx(last_f1)
     assert sum(rewards(ep, "search")) == pytest.approx(last_f1 - terms["plan_f1"])
     assert sum(rewards(ep, "summary")) == pytest.approx(terms["gain"])
@@ -136,7 +136,7 @@ def test_qagent_stage1_needs_every_agent_turn_well_formed():
     assert rewards(ok) == [1.0, 1.0]
     assert rewards(bad) == [0.0, 0.0]
     assert rewards(wrong) == [0.0]
-    assert bad.meta["reward_terms"] == {"stage": 1.0, "format_ok": 0.0, "agent_em": 1.0}
+    assert bad.reward_terms == {"stage": 1.0, "format_ok": 0.0, "agent_em": 1.0}
 
 
 def test_qagent_stage1_in_submodule_mode_scores_the_agents_own_answer():
@@ -169,7 +169,7 @@ def test_qagent_stage2_rewards_the_frozen_generator_plus_half_a_hit():
     assert rewards(gold_retrieved) == [1.5, 1.5, None]
     assert rewards(only_in_trajectory) == [0.5, None]
     assert rewards(missed) == [0.0, None]
-    assert gold_retrieved.meta["reward_terms"] == {"stage": 2.0, "generator_score": 1.0, "hit": 1.0}
+    assert gold_retrieved.reward_terms == {"stage": 2.0, "generator_score": 1.0, "hit": 1.0}
 
 
 def test_qagent_stage2_refuses_end_to_end_episodes():
@@ -212,8 +212,8 @@ def test_decor_proxy_rewards_without_a_judge(caplog):
     # lazy: team reward 0; the filter dropped the gold the documents had (−1); the memory lacks the answer,
     # so the wrong answerer is not blamed (+1); the STOP planner stopped on a memory without it (−1).
     assert rewards(lazy) == pytest.approx([0.4, -0.4, None, -0.4, 0.4])
-    assert good.meta["reward"] == pytest.approx(team)
-    assert lazy.meta["reward_terms"]["role_planner"] == 0.0
+    assert good.reward == pytest.approx(team)
+    assert lazy.reward_terms["role_planner"] == 0.0
 
 
 def test_decor_format_gate_gives_every_trained_turn_minus_one():
@@ -221,7 +221,7 @@ def test_decor_format_gate_gives_every_trained_turn_minus_one():
     judge = ScriptedLLM(lambda r: "<verdict>YES</verdict>")
     build_reward_scheme("decor", judge=judge)([ep])
     assert rewards(ep) == [-1.0, -1.0, None, -1.0, -1.0]
-    assert ep.meta["reward"] == -1.0 and ep.meta["reward_terms"]["format_ok"] == 0.0
+    assert ep.reward == -1.0 and ep.reward_terms["format_ok"] == 0.0
     assert judge.requests == []
 
 
@@ -247,8 +247,8 @@ def test_decor_batches_every_judge_call_of_a_batch_into_one_generate_call():
     assert rewards(good) == pytest.approx([0.5 * team + 0.5] * 2 + [None] + [0.5 * team + 0.5] * 2)
     # lazy: planners fall back to the proxy (+1, −1); the judge accepts the filter and the answerer
     assert rewards(lazy) == pytest.approx([0.5, 0.5, None, -0.5, 0.5])
-    assert lazy.meta["reward_terms"]["judge_unparsed"] == 2.0
-    assert lazy.meta["reward_terms"]["judge_calls"] == 5.0
+    assert lazy.reward_terms["judge_unparsed"] == 2.0
+    assert lazy.reward_terms["judge_calls"] == 5.0
     assert rewards(gated) == [-1.0, -1.0, None, -1.0, -1.0]
     first = judge.requests[0]
     assert "Paris France" in first.messages[1]["content"] and first.sampling.temperature == 0.0
@@ -277,7 +277,7 @@ def test_dac_cross_verification_rewards_on_the_outcome():
     build_reward_scheme("dac")([correct, abstained_on_sufficient])
     assert rewards(correct) == [0.0, 0.0, 1.0, 1.0]
     assert rewards(abstained_on_sufficient) == [0.0, 0.0, 0.0, 0.0]
-    assert correct.meta["reward_terms"]["sufficient"] == 1.0
+    assert correct.reward_terms["sufficient"] == 1.0
 
 
 def test_dac_rewards_a_correct_abstention_on_insufficient_evidence():
@@ -285,7 +285,7 @@ def test_dac_rewards_a_correct_abstention_on_insufficient_evidence():
     ep.retrievals = ep.retrievals[:1]
     build_reward_scheme("dac")([ep])
     assert rewards(ep) == [0.0, 1.0]
-    assert ep.meta["reward_terms"]["sufficient"] == 0.0
+    assert ep.reward_terms["sufficient"] == 0.0
 
 
 def test_dac_difference_rewards_from_partial_rewards_telescope():
@@ -294,7 +294,7 @@ def test_dac_difference_rewards_from_partial_rewards_telescope():
     )
     build_reward_scheme("dac")([ep])
     assert rewards(ep, "searcher") == [0.0, 1.0, 0.0]
-    assert sum(rewards(ep, "searcher")) == ep.meta["reward_terms"]["searcher"] == 1.0
+    assert sum(rewards(ep, "searcher")) == ep.reward_terms["searcher"] == 1.0
 
 
 @pytest.mark.parametrize("final_abstained", [False, True])
@@ -305,7 +305,7 @@ def test_dac_difference_rewards_from_partial_abstentions_telescope(final_abstain
     # R(E≤0) = 0 (no gold yet), R(E≤1) = 1 (gold retrieved at step 1, accepted), last = final r_S
     final = 0.0 if final_abstained else 1.0
     assert rewards(ep, "searcher") == [0.0, 1.0, final - 1.0]
-    assert sum(rewards(ep, "searcher")) == ep.meta["reward_terms"]["searcher"] == final
+    assert sum(rewards(ep, "searcher")) == ep.reward_terms["searcher"] == final
 
 
 def test_dac_probe_generator_calls_are_not_rewarded_and_differences_telescope():
@@ -317,8 +317,8 @@ def test_dac_probe_generator_calls_are_not_rewarded_and_differences_telescope():
     ep.turns.insert(2, probe)
     build_reward_scheme("dac")([ep])
     assert rewards(ep) == [0.0, 1.0, None, 0.0, 1.0]  # s(0) = 0, s(1) = 1 = r_S; r_G = EM = 1
-    assert sum(rewards(ep, "searcher")) == ep.meta["reward_terms"]["searcher"] == 1.0
-    assert ep.meta["reward_terms"]["hard_positives"] == 0.0
+    assert sum(rewards(ep, "searcher")) == ep.reward_terms["searcher"] == 1.0
+    assert ep.reward_terms["hard_positives"] == 0.0
 
 
 def test_dac_ignores_retrievals_after_the_searcher_and_scores_hard_positives_with_s_1():
@@ -337,11 +337,11 @@ def test_dac_hard_positive_that_fails_where_the_clean_answer_succeeded_gets_an_s
     ep.turns.append(turn("generator", 2, "<answer>Paris</answer>", hard_positive=True, answer="Paris"))
     build_reward_scheme("dac")([ep])
     clean, wrong, right = ep.turns_of("generator")
-    assert wrong.meta["sft_target"] == clean.completion == "<answer>Paris</answer>"
-    assert "sft_target" not in right.meta and "sft_target" not in clean.meta
+    assert wrong.sft_target == clean.completion == "<answer>Paris</answer>"
+    assert right.sft_target is None and clean.sft_target is None
     ep.answer = "Rome"  # the clean answer is wrong: no pseudo-target
     build_reward_scheme("dac")([ep])
-    assert all("sft_target" not in t.meta for t in ep.turns)
+    assert all(t.sft_target is None for t in ep.turns)
 
 
 # ---- JADE ----------------------------------------------------------------------------------------------
@@ -357,8 +357,8 @@ def test_jade_cost_terms_and_format_penalty_shared_by_every_turn():
     build_reward_scheme("jade", {"alpha": 0.3, "beta": 0.6, "placement": "every_turn"})([ep])
     expected = 1.0 - (0.3 * 2 / 3 + 0.6 * 1.0)  # N_ret/3 is capped at 1
     assert rewards(ep) == pytest.approx([expected, -1.0, expected, expected])
-    assert ep.meta["reward"] == pytest.approx(expected)
-    assert ep.meta["reward_terms"]["format_errors"] == 1.0
+    assert ep.reward == pytest.approx(expected)
+    assert ep.reward_terms["format_errors"] == 1.0
 
 
 def test_jade_default_is_eq_8_global_reward_on_the_terminal_step_only():
@@ -386,8 +386,8 @@ def test_jade_counts_turns_and_retrievals_when_the_team_did_not_record_them():
     ep = jade_episode()
     ep.retrievals = [retrieval(1, "a"), retrieval(1, "b"), retrieval(2, "c")]
     build_reward_scheme("jade", {"alpha": 0.3, "beta": 0.3})([ep])
-    assert ep.meta["reward_terms"]["rounds"] == 1.0 and ep.meta["reward_terms"]["retrievals"] == 3.0
-    assert ep.meta["reward"] == pytest.approx(1.0 - 0.3 / 3 - 0.3)
+    assert ep.reward_terms["rounds"] == 1.0 and ep.reward_terms["retrievals"] == 3.0
+    assert ep.reward == pytest.approx(1.0 - 0.3 / 3 - 0.3)
 
 
 # ---- outcome baselines ---------------------------------------------------------------------------------
@@ -407,7 +407,7 @@ def test_outcome_reward_on_every_turn(method, options, expected):
     ep = episode(method, [turn("a", 0), turn("b", 1)], "Paris France")
     build_reward_scheme(method, options)([ep])
     assert rewards(ep) == pytest.approx([expected, expected])
-    assert ep.meta["reward_terms"]["cover_em"] == 1.0
+    assert ep.reward_terms["cover_em"] == 1.0
 
 
 def test_outcome_reward_on_the_last_turn_only():

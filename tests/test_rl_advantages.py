@@ -177,7 +177,7 @@ def test_shipped_mask_recipe_gives_each_transition_its_own_return():
 
     rewards = [0.0, 0.5, 0.5, 0.5, 0.5, 0.0]  # plan, search, summary, update, answer, search <end>
     roles = ["plan", "search", "summary", "update", "answer", "search"]
-    for name in ("train-mask-cpu", "train-mask-gpu"):
+    for name in ("mask/smollm135m-cpu", "mask/qwen7b-gpu"):
         cfg = load_train_run_config(Path(name), {}).train
         samples = [_sample(r, "q", 0, i, x) for i, (r, x) in enumerate(zip(roles, rewards, strict=True))]
         assign_advantages(samples, cfg)

@@ -82,7 +82,7 @@ def test_sft_target_adds_a_likelihood_sample(tokenizer, tmp_path: Path):
 
     def rollout(step: int) -> list[Episode]:
         eps = [answer_episode(tokenizer, "q0", True), answer_episode(tokenizer, "q0", False)]
-        eps[1].turns[0].meta["sft_target"] = target
+        eps[1].turns[0].sft_target = target
         return eps
 
     cfg = config(steps=1, estimator="grpo", sft_coef=0.05, micro_batch_size=4, grad_accum=1)

@@ -341,7 +341,7 @@ def test_bf16_full_finetuning_loads_fp32_master_weights(tokenizer, tmp_path: Pat
 def test_bf16_full_finetuning_step_moves_nearly_every_weight(
     tokenizer, tmp_path: Path, fresh_accelerator_state
 ):
-    """One AdamW step at train-mask-gpu's lr 1e-6 under bf16 mixed precision changes (nearly) every fp32
+    """One AdamW step at mask/qwen7b-gpu's lr 1e-6 under bf16 mixed precision changes (nearly) every fp32
     master weight (measured: 99.7 %). The same step on pure bf16 weights (what load_policy used to load)
     changes 0.3 % of them: AdamW moves each weight by ≈ lr, below half a bf16 ulp of any weight above
     ≈ 2.6e-4 (the issue measured 2 % after 10 steps on the real model); the trainer warns about such

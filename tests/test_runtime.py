@@ -9,8 +9,9 @@ from searchteam.eval.runner import evaluate, read_results
 from searchteam.factory import Components, build_sampling, build_team
 from searchteam.llm.base import LLMError
 from searchteam.llm.scripted import ScriptedLLM
+from searchteam.methods import get_team
 from searchteam.runtime import Batcher, Sampling, make_backends, run_episodes
-from searchteam.teams import TeamSettings, get_team
+from searchteam.teams import TeamSettings
 from searchteam.types import Question
 from tests.helpers import PASSAGES, TinyRetriever
 

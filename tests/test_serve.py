@@ -18,8 +18,8 @@ from searchteam.factory import Components
 from searchteam.llm.base import GenerationRequest, LLMError
 from searchteam.llm.openai import OpenAIBackend
 from searchteam.llm.scripted import ScriptedLLM
+from searchteam.methods import get_team
 from searchteam.serve import ServeLimits, build_service, create_app
-from searchteam.teams import get_team
 from tests.helpers import PASSAGES, TinyRetriever, send_partial, serve_on_loopback
 
 

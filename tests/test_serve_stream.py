@@ -19,8 +19,8 @@ from searchteam.config import RunConfig
 from searchteam.factory import Components
 from searchteam.llm.base import GenerationRequest, LLMError
 from searchteam.llm.scripted import ScriptedLLM
+from searchteam.methods import get_team
 from searchteam.serve import ServeLimits, build_service, create_app
-from searchteam.teams import get_team
 from tests.helpers import PASSAGES, TinyRetriever, serve_on_loopback
 
 QUESTION = "What is the capital of France?"

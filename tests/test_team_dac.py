@@ -5,10 +5,10 @@ import pytest
 from searchteam.data import load_benchmark
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
-from searchteam.rewards.schemes import build_reward_scheme
+from searchteam.methods import build_reward_scheme, get_team
+from searchteam.methods.dac.team import parse_searcher
 from searchteam.runtime import Sampling, make_backends, run_episodes
-from searchteam.teams import TeamSettings, get_team
-from searchteam.teams.dac import parse_searcher
+from searchteam.teams import TeamSettings
 from searchteam.types import Episode, Passage, Question
 from tests.helpers import PASSAGES, TinyRetriever
 
@@ -80,10 +80,10 @@ def test_information_blocks_are_environment_spans():
     segments = ep.meta["transcript"]
     assert [s["source"] for s in segments] == ["model", "env", "model"]
     continuation = segments[0]["text"] + segments[1]["text"]
-    [[start, end]] = ep.turns[1].meta["env_spans"]
+    [[start, end]] = ep.turns[1].env_spans
     assert continuation[start:end].startswith("\n\n<information>Doc 1(Title: Thomas Mann)")
     assert continuation[:start] == ep.turns[0].completion and end == len(continuation)
-    assert "env_spans" not in ep.turns[-1].meta  # the generator's prompt has no environment segments
+    assert not ep.turns[-1].env_spans  # the generator's prompt has no environment segments
 
 
 def test_invalid_searcher_output_is_flagged_and_corrected():
@@ -188,7 +188,7 @@ def test_training_probes_the_generator_on_partial_evidence_and_rewards_telescope
     ep = train_run(searching(*queries), hard_positives=False)
     assert [t.role for t in ep.turns] == ["searcher", "searcher", "generator", "searcher", "generator"]
     probe, final = ep.turns_of("generator")
-    assert probe.meta == {"probe": True, "frozen": True, "evidence_step": 0}
+    assert probe.meta == {"probe": True, "evidence_step": 0} and probe.frozen
     first_docs = ep.retrievals[0].passages[0].text
     assert first_docs in probe.messages[-1]["content"] and probe.step == 1
     assert ep.retrievals[1].passages[0].text not in probe.messages[-1]["content"]  # E≤0 only
@@ -198,7 +198,7 @@ def test_training_probes_the_generator_on_partial_evidence_and_rewards_telescope
     assert "partial_abstained" not in stop.meta and ep.answer == "Thomas Mann"
     build_reward_scheme("dac")([ep])
     assert [t.reward for t in ep.turns_of("searcher")] == searcher_rewards
-    assert sum(searcher_rewards) == ep.meta["reward_terms"]["searcher"] == 1.0  # Σ_t r_t = r_S
+    assert sum(searcher_rewards) == ep.reward_terms["searcher"] == 1.0  # Σ_t r_t = r_S
     assert probe.reward is None and final.reward == 1.0
 
 
@@ -213,7 +213,7 @@ def test_a_final_abstention_takes_back_the_credit_of_an_earlier_search():
     assert ep.meta["abstained"] is True and ep.turns_of("searcher")[1].meta["partial_abstained"] is True
     build_reward_scheme("dac")([ep])
     rewards = [t.reward for t in ep.turns_of("searcher")]
-    assert rewards == [1.0, -1.0, 0.0] and sum(rewards) == ep.meta["reward_terms"]["searcher"] == 0.0
+    assert rewards == [1.0, -1.0, 0.0] and sum(rewards) == ep.reward_terms["searcher"] == 0.0
 
 
 def test_hard_positive_adds_three_distractors_in_reverse_rank_order():
@@ -227,12 +227,8 @@ def test_hard_positive_adds_three_distractors_in_reverse_rank_order():
     # E = [Paris, Mann]; the pool minus E ranks f1..f5, Guterson: the three lowest-ranked, lowest first
     titles = ["Paris", "Thomas Mann", "David Guterson", "Filler 5", "Filler 4"]
     assert [d.split(")")[0] for d in documents] == [f"Doc {i} (Title: {t}" for i, t in enumerate(titles, 1)]
-    assert hard.meta == {
-        "hard_positive": True,
-        "group": "hard_positive",
-        "answer": "Thomas Mann",
-        "abstained": False,
-    }
+    assert hard.meta == {"hard_positive": True, "answer": "Thomas Mann", "abstained": False}
+    assert hard.subgroup == "hard_positive"
     assert final.messages[-1]["content"].count("Doc ") == 2 and "hard_positive" not in final.meta
 
 
@@ -249,7 +245,7 @@ def test_hard_positive_neither_changes_the_answer_nor_counts_toward_sufficiency(
     # ... but only the searcher's retrievals count: E≤0 = [Paris] is insufficient though G(Q, E≤0) answered
     assert [t.reward for t in ep.turns_of("searcher")] == [0.0, 1.0, 0.0]
     assert (probe.reward, final.reward, hard.reward) == (None, 1.0, 0.0)
-    assert ep.meta["reward_terms"]["hard_positives"] == 1.0
+    assert ep.reward_terms["hard_positives"] == 1.0
 
     insufficient = train_run(searching("Paris capital"), distracted)
     assert len(insufficient.retrievals) == 1 and len(insufficient.turns_of("generator")) == 1

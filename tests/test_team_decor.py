@@ -9,9 +9,10 @@ import pytest
 from searchteam.data import load_benchmark
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
+from searchteam.methods import get_team
+from searchteam.methods.decor.team import Entry, Memory, approx_tokens, parse_planner
 from searchteam.runtime import Sampling, make_backends, run_episodes
-from searchteam.teams import TeamSettings, get_team
-from searchteam.teams.decor import Entry, Memory, approx_tokens, parse_planner
+from searchteam.teams import TeamSettings
 from searchteam.types import Episode, Passage, Question
 from tests.helpers import PASSAGES, TinyRetriever
 
@@ -73,7 +74,7 @@ def test_compression_triggers_past_the_limit_and_not_before():
     ep = run(scripted(), max_turns=3, memory_max_tokens=2 * entry_tokens)
     assert [s["compressed"] for s in ep.states] == [False, False, True]
     compressor = ep.turns_of("compressor")
-    assert len(compressor) == 1 and compressor[0].step == 3 and compressor[0].meta["frozen"]
+    assert len(compressor) == 1 and compressor[0].step == 3 and compressor[0].frozen
     assert "Search 2: Thomas Mann German novelist" in compressor[0].messages[-1]["content"]
     final = ep.states[-1]
     assert final["memory"] == [

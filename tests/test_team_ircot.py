@@ -3,9 +3,10 @@ import pytest
 from searchteam.data import load_benchmark
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
+from searchteam.methods import get_team
+from searchteam.methods.ircot.team import concluded_answer, first_sentence
 from searchteam.runtime import Sampling, make_backends, run_episodes
-from searchteam.teams import TeamSettings, get_team
-from searchteam.teams.ircot import concluded_answer, first_sentence
+from searchteam.teams import TeamSettings
 from searchteam.types import Episode, Question
 from tests.helpers import PASSAGES, TinyRetriever
 

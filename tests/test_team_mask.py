@@ -9,9 +9,10 @@ import pytest
 from searchteam.data import load_benchmark
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
+from searchteam.methods import get_team
+from searchteam.methods.mask.team import KnowledgeState, Operation, Step, parse_operation, parse_plan
 from searchteam.runtime import Sampling, make_backends, run_episodes
-from searchteam.teams import TeamSettings, get_team
-from searchteam.teams.mask import KnowledgeState, Operation, Step, parse_operation, parse_plan
+from searchteam.teams import TeamSettings
 from searchteam.types import Episode, Question
 from tests.helpers import PASSAGES, TinyRetriever
 
@@ -131,7 +132,7 @@ def test_training_answers_every_turn_inference_once():
 def test_answer_reply_continues_the_prefilled_tag():
     ep = run(scripted(default_replies(search="<end>", answer="Thomas Mann</predicted_answer>")))
     (turn,) = ep.turns_of("answer")
-    assert turn.meta["continuation"] == "<predicted_answer>" and turn.parsed_ok
+    assert turn.continuation == "<predicted_answer>" and turn.parsed_ok
     assert ep.answer == "Thomas Mann"
     ep = run(scripted(default_replies(search="<end>", answer="Mann, a German novelist who wrote")))
     assert not ep.turns_of("answer")[0].parsed_ok and "Mann" in ep.answer

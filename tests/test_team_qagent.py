@@ -5,10 +5,11 @@ import pytest
 from searchteam.data import load_benchmark
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
+from searchteam.methods import get_team
+from searchteam.methods.qagent.team import parse_round
 from searchteam.rl.warm_start import policy_turns
 from searchteam.runtime import Sampling, make_backends, run_episodes
-from searchteam.teams import TeamSettings, get_team
-from searchteam.teams.qagent import parse_round
+from searchteam.teams import TeamSettings
 from searchteam.types import Episode, Question
 from tests.helpers import PASSAGES, TinyRetriever
 
@@ -52,7 +53,7 @@ def test_three_queries_are_retrieved_in_one_round_into_one_information_block():
     env = [s["text"] for s in ep.meta["transcript"] if s["source"] == "env"]
     assert len(env) == 1 and env[0].count("Doc ") == 3 and env[0].startswith("\n\n<information>")
     # env spans of the second call cover exactly the information block
-    [[start, end]] = ep.turns[1].meta["env_spans"]
+    [[start, end]] = ep.turns[1].env_spans
     assert end - start == len(env[0])
     assert ep.states[0] == {
         "step": 0,
@@ -117,44 +118,15 @@ def test_submodule_mode_hands_deduplicated_passages_to_the_generator():
     assert QUESTION.question in prompt and "<plan>" not in prompt and "<information>" not in prompt
 
 
-def test_question_passages_come_first_in_the_generators_passage_set():
-    generator = ScriptedLLM(lambda req: "<answer>Thomas Mann</answer>", name="frozen")
-    agent = ANSWER.replace("<reflection> Thomas Mann was German. </reflection>\n", "")
-    ep, _ = run(
-        lambda req: (
-            "<plan>p</plan><search><query>Paris</query></search>"
-            if "<information>" not in req.continuation
-            else agent
-        ),
-        {"mode": "submodule", "question_passages": 2},
-        generator=generator,
-        top_k=1,
-    )
-    assert [(r.query, r.k) for r in ep.retrievals] == [("Paris", 1), (QUESTION.question, 2)]
-    assert "Which novelist" not in ep.meta["transcript"][1]["text"]  # the agent never sees them
-    prompt = ep.turns[-1].messages[-1]["content"]
-    question_ids = [p.id for p in ep.retrievals[1].passages]
-    assert len(question_ids) == 2 and "3" not in question_ids and prompt.count("Doc ") == 3
-    assert prompt.index("Thomas Mann was a German") < prompt.index("Paris is the capital")
-
-
-def test_question_passages_need_submodule_mode_and_a_count():
-    with pytest.raises(ValueError, match="needs mode: submodule"):
-        get_team("qagent", TeamSettings(options={"question_passages": 2}))
-    for bad in (-1, "two", True):
-        with pytest.raises(ValueError, match="whole number >= 0"):
-            get_team("qagent", TeamSettings(options={"mode": "submodule", "question_passages": bad}))
-
-
 def test_submodule_generator_falls_back_to_the_policy_model():
     ep, _ = run(search_then_answer, {"mode": "submodule"})
     assert ep.turns[-1].role == "generator" and ep.turns[-1].model == "policy"
-    assert ep.turns[-1].meta["frozen"] is True  # §3.4's generator is frozen: never a training sample
+    assert ep.turns[-1].frozen is True  # §3.4's generator is frozen: never a training sample
 
 
 def test_an_unfrozen_generator_is_a_training_sample():
     ep, _ = run(search_then_answer, {"mode": "submodule", "frozen_generator": False})
-    assert ep.turns[-1].meta["frozen"] is False
+    assert ep.turns[-1].frozen is False
     assert [t.role for t in policy_turns(ep, roles=("generator",))] == ["generator"]
 
 

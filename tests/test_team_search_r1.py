@@ -5,9 +5,10 @@ import pytest
 from searchteam.data import load_benchmark
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
+from searchteam.methods import get_team
+from searchteam.methods.search_r1.team import parse_action
 from searchteam.runtime import Context, Sampling, make_backends, run_episodes
-from searchteam.teams import TeamSettings, get_team
-from searchteam.teams.search_r1 import parse_action
+from searchteam.teams import TeamSettings
 from searchteam.teams.transcript import Transcript
 from searchteam.types import Episode, Question
 from tests.helpers import PASSAGES, TinyRetriever
@@ -49,9 +50,7 @@ def test_search_loop_appends_information_and_parses_the_answer():
     second = ep.turns[1]
     assert ep.turns[0].completion.endswith("</search>")
     assert "Doc 1(Title: Thomas Mann) Thomas Mann was a German novelist." in ep.meta["transcript"][1]["text"]
-    assert second.meta["continuation_chars"] == len(ep.turns[0].completion) + len(
-        ep.meta["transcript"][1]["text"]
-    )
+    assert second.continuation_chars == len(ep.turns[0].completion) + len(ep.meta["transcript"][1]["text"])
     assert [s["action"] for s in ep.states] == ["search", "answer"]
     assert ep.states[0]["passages"][0] == "1"
 
@@ -66,8 +65,8 @@ def test_information_is_marked_as_environment_text():
     )
     # env spans index the continuation each call saw; the model's own text lies outside them
     continuation = segments[0]["text"] + segments[1]["text"]
-    assert ep.turns[0].meta["env_spans"] == []
-    [[start, end]] = ep.turns[1].meta["env_spans"]
+    assert ep.turns[0].env_spans == []
+    [[start, end]] = ep.turns[1].env_spans
     assert continuation[start:end] == segments[1]["text"]
     assert continuation[:start] == ep.turns[0].completion
 
@@ -83,8 +82,8 @@ async def test_transcript_spans_cover_every_environment_segment():
     await transcript.generate(ctx, "agent", [], stop=())
     last = await transcript.generate(ctx, "agent", [], stop=())
     assert transcript.text == "A<e1><env2>BBC" and llm.requests[-1].continuation == "A<e1><env2>BB"
-    assert first.meta["env_spans"] == [] and empty.meta["env_spans"] == [[1, 5]]
-    assert last.meta["env_spans"] == [[1, 5], [5, 11]] and last.meta["continuation_chars"] == 13
+    assert first.env_spans == [] and empty.env_spans == [[1, 5]]
+    assert last.env_spans == [[1, 5], [5, 11]] and last.continuation_chars == 13
     assert ctx.episode.meta["transcript"] == [
         {"source": "model", "text": "A", "turn": 0},
         {"source": "env", "text": "<e1>"},

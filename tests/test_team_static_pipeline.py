@@ -2,9 +2,10 @@ import pytest
 
 from searchteam.data import load_benchmark
 from searchteam.llm.scripted import ScriptedLLM
+from searchteam.methods import get_team
 from searchteam.runtime import Sampling, make_backends, run_episodes
-from searchteam.teams import TeamSettings, get_team
-from searchteam.teams.static_pipeline import parse_selection, selection_tokens
+from searchteam.teams import TeamSettings
+from searchteam.teams.selectors import parse_selection, selection_tokens
 from searchteam.types import Episode, Question
 from tests.helpers import PASSAGES, TinyRetriever
 

@@ -17,9 +17,9 @@ from searchteam.config import ConfigError, RunConfig, load_config
 from searchteam.eval.runner import evaluate
 from searchteam.factory import Components
 from searchteam.llm.scripted import ScriptedLLM
+from searchteam.methods import get_team
 from searchteam.rl.policy import build_policy
 from searchteam.rl.trainer import Trainer
-from searchteam.teams import get_team
 from searchteam.tracking import TrackingSetup
 from tests.helpers import PASSAGES, TinyRetriever
 from tests.test_rl_trainer import config, random_reward, scripted_rollout, tiny_model, tokenizer  # noqa: F401

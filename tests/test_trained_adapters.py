@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from searchteam.config import SHIPPED_CONFIGS
+from searchteam.config import shipped_recipes
 from searchteam.llm import build_llm
 from searchteam.llm.base import GenerationRequest, SamplingParams
 from searchteam.llm.models import PRESETS, TRAINED, checkpoint_of
 from searchteam.llm.ov import ov_base_and_adapters
-from searchteam.teams import METHODS
+from searchteam.methods import METHODS
 
 MAX_ADAPTER_BYTES = 12_000_000  # "a few MB": the package carries them
 
@@ -22,7 +22,7 @@ MAX_ADAPTER_BYTES = 12_000_000  # "a few MB": the package carries them
 def test_a_shipped_adapter_is_a_small_checkpoint_of_its_preset(name: str) -> None:
     trained = TRAINED[name]
     assert trained.method in METHODS and trained.base in PRESETS
-    assert (SHIPPED_CONFIGS / f"{trained.recipe}.yaml").exists()
+    assert trained.recipe in shipped_recipes()
     assert checkpoint_of(name) == str(trained.path) and checkpoint_of(trained.base) == trained.base
     configs = sorted((trained.path / "policy" / "adapters").glob("*/adapter_config.json"))
     assert configs, f"{name} ships no adapter"
@@ -88,7 +88,7 @@ def test_an_adapter_brings_its_run_settings_to_its_own_method(monkeypatch: pytes
 
     options = {"mode": "submodule", "max_retries": 2}
     settings = {"options": options, "extra_models": {"generator": "g"}, "top_k": 1}
-    adapter = TrainedAdapter("q-test", "qagent", "qwen2.5-coder-0.5b", "train-qagent-qwen-cpu", "", settings)
+    adapter = TrainedAdapter("q-test", "qagent", "qwen2.5-coder-0.5b", "qagent/qwen0.5b-cpu", "", settings)
     monkeypatch.setitem(TRAINED, "q-test", adapter)
 
     plain = load_config(None, {"method": "qagent", "model": "q-test"})

@@ -4,12 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from searchteam.config import SHIPPED_CONFIGS, ConfigError
-from searchteam.rewards.schemes import reward_methods
+from searchteam.config import ConfigError, shipped_recipes
+from searchteam.methods import reward_methods
+from searchteam.methods.qagent import frozen_generator
 from searchteam.rl.config import TrainConfig
 from searchteam.training import (
     check_reward_placement,
-    frozen_generator,
     load_train_run_config,
     questions_for_step,
     resample_questions,
@@ -17,17 +17,17 @@ from searchteam.training import (
 )
 
 
-@pytest.mark.parametrize("path", sorted(SHIPPED_CONFIGS.glob("train-*.yaml")), ids=lambda p: p.stem)
-def test_every_shipped_training_config_validates(path: Path):
-    cfg = load_train_run_config(Path(path.stem), {})
+@pytest.mark.parametrize("name", sorted(shipped_recipes()))
+def test_every_shipped_training_config_validates(name: str):
+    cfg = load_train_run_config(Path(name), {})
     assert cfg.method in reward_methods() and (cfg.train.steps >= 1 or cfg.warm_start is not None)
 
 
 def test_every_shipped_recipe_places_rewards_as_its_estimator_counts_them():
-    from searchteam.rewards.schemes import build_reward_scheme
+    from searchteam.methods import build_reward_scheme
 
-    for config in sorted(SHIPPED_CONFIGS.glob("train-*.yaml")):
-        cfg = load_train_run_config(Path(config.stem), {})
+    for name in sorted(shipped_recipes()):
+        cfg = load_train_run_config(Path(name), {})
         placement = getattr(build_reward_scheme(cfg.method, cfg.reward).options, "placement", None)
         check_reward_placement(placement, cfg.train)
 
@@ -43,14 +43,14 @@ def test_every_turn_outcome_is_refused_where_returns_sum():
         check_reward_placement("last_turn", TrainConfig(estimator="grpo"))
     check_reward_placement("every_turn", TrainConfig(estimator="gae", gamma=0.0))  # per-transition returns
     check_reward_placement("last_turn", TrainConfig(estimator="gae"))
-    jade = load_train_run_config(Path("train-jade-cpu"), {"reward": {"placement": "every_turn"}})
+    jade = load_train_run_config(Path("jade/smollm135m-cpu"), {"reward": {"placement": "every_turn"}})
     with pytest.raises(ConfigError):
         check_reward_placement("every_turn", jade.train)
 
 
 def test_a_method_without_config_trains_with_its_paper_recipe():
     cfg = load_train_run_config(None, {"method": "mask", "device": "cpu"})
-    assert cfg.recipe and cfg.recipe.endswith("train-mask-cpu.yaml")
+    assert cfg.recipe and cfg.recipe.endswith("mask/smollm135m-cpu")
     assert cfg.train.estimator == "gae" and cfg.max_turns == 1
     generic = load_train_run_config(None, {"method": "ircot", "device": "cpu"})
     assert generic.recipe is None and generic.train.estimator == "grpo"
@@ -58,7 +58,7 @@ def test_a_method_without_config_trains_with_its_paper_recipe():
 
 def test_qagent_stage_two_always_rewards_a_frozen_generator():
     cfg = load_train_run_config(
-        Path("train-qagent-cpu"), {"reward": {"stage": 2}, "options": {"mode": "submodule"}}
+        Path("qagent/smollm135m-cpu"), {"reward": {"stage": 2}, "options": {"mode": "submodule"}}
     )
     assert frozen_generator(cfg) == {"generator": cfg.model}  # a separate copy, not the trained policy
     named = cfg.model_copy(update={"extra_models": {"generator": "qwen2.5-coder-0.5b"}})
@@ -173,20 +173,20 @@ def test_resampling_rounds_draw_fresh_questions_with_fresh_seeds():
 def test_shipped_recipes_follow_their_papers():
     """DECOR Eq. 4 averages over sequences; DAC B.1 pairs a GAE searcher (γ = λ = 1) with a GRPO generator
     (G = 5); Search-R1 trains on EM; QAgent Eq. 1 has β = 0.001; JADE Eq. 8 rewards the terminal turn."""
-    for recipe in ("train-decor-cpu", "train-decor-qwen-cpu"):
+    for recipe in ("decor/smollm135m-cpu", "decor/qwen0.5b-cpu"):
         decor = load_train_run_config(Path(recipe), {})
         assert decor.train.ratio_level == "sequence" and decor.train.loss_agg == "seq_mean"
         assert (decor.train.clip_low, decor.train.clip_high, decor.reward["alpha"]) == (3e-4, 4e-4, 0.6)
-    for recipe in ("train-dac-cpu", "train-dac-qwen-cpu"):
+    for recipe in ("dac/smollm135m-cpu", "dac/qwen0.5b-cpu"):
         dac = load_train_run_config(Path(recipe), {})
         searcher, generator = (dac.train.estimator_of(r) for r in ("searcher", "generator"))
         assert (searcher.estimator, searcher.gamma, searcher.lam) == ("gae", 1.0, 1.0)
         assert generator.estimator == "grpo" and dac.group_size == 5 and dac.train.lora_per_role
-    for search_r1 in ("train-search_r1-cpu", "train-search_r1-qwen-cpu"):
+    for search_r1 in ("search_r1/smollm135m-cpu", "search_r1/qwen0.5b-cpu"):
         assert load_train_run_config(Path(search_r1), {}).reward["metric"] == "em"
-    assert load_train_run_config(Path("train-qagent-cpu"), {}).train.kl_coef == 0.001
-    assert load_train_run_config(Path("train-jade-cpu"), {}).reward["placement"] == "last_turn"
-    gpu = load_train_run_config(Path("train-mask-gpu"), {})
+    assert load_train_run_config(Path("qagent/smollm135m-cpu"), {}).train.kl_coef == 0.001
+    assert load_train_run_config(Path("jade/smollm135m-cpu"), {}).reward["placement"] == "last_turn"
+    gpu = load_train_run_config(Path("mask/qwen7b-gpu"), {})
     assert gpu.top_k == 5 and gpu.train.critic == "separate" and gpu.train.gamma == 0.0
 
 
@@ -194,7 +194,7 @@ def test_init_from_names_a_checkpoint_or_a_shipped_adapter_of_the_same_model(tmp
     from searchteam.llm.models import TRAINED
     from searchteam.training import initial_checkpoint
 
-    cfg = load_train_run_config(Path("train-jade-cpu"), {})
+    cfg = load_train_run_config(Path("jade/smollm135m-cpu"), {})
     assert initial_checkpoint(cfg) is None
     (tmp_path / "step-000003" / "policy").mkdir(parents=True)
     assert initial_checkpoint(cfg.model_copy(update={"init_from": str(tmp_path / "step-000003")})) == (
@@ -214,7 +214,7 @@ def test_the_warm_start_rolls_out_with_its_own_team_options():
     from searchteam.factory import build_team
     from searchteam.training import warm_start_run_config
 
-    cfg = load_train_run_config(Path("train-dac-qwen-cpu"), {})
+    cfg = load_train_run_config(Path("dac/qwen0.5b-cpu"), {})
     warm = warm_start_run_config(cfg)
     assert cfg.options == {} and warm.options == {"hard_positives": False, "difference_rewards": False}
     assert warm.group_size == cfg.warm_start.samples_per_question and warm.seed != cfg.seed
@@ -228,7 +228,7 @@ def test_the_warm_start_rolls_out_with_its_own_team_options():
 def test_the_qagent_reader_recipe_trains_only_an_unfrozen_generator():
     from searchteam.factory import build_team
 
-    cfg = load_train_run_config(Path("train-qagent-reader-qwen-cpu"), {})
+    cfg = load_train_run_config(Path("qagent/qwen0.5b-cpu-reader"), {})
     team = build_team(cfg)
     assert team.mode == "submodule" and team.frozen_generator is False and cfg.train.roles == ["generator"]
     assert cfg.init_from == "qwen2.5-coder-0.5b-qagent" and not cfg.extra_models  # the policy reads

@@ -199,7 +199,7 @@ def logged_steps(run: Path) -> list[int]:
 
 def test_two_training_runs_then_a_resume_on_one_server(tmp_path):
     config = tiny_training_config(
-        tmp_path, "train-naive_rag-cpu", top_k=1, max_new_tokens=8, group_size=2, questions_per_step=1
+        tmp_path, "naive_rag/smollm135m-cpu", top_k=1, max_new_tokens=8, group_size=2, questions_per_step=1
     )
     for name in ("first", "second"):
         done = train_cli(config, tmp_path / name, 2)
@@ -227,7 +227,13 @@ def test_per_role_adapters_are_loaded_together_and_each_role_names_its_own(recor
 
     monkeypatch.setattr(OpenAIBackend, "load_adapters", record_load)
     config = tiny_training_config(
-        tmp_path, "train-dac-cpu", max_turns=1, top_k=1, max_new_tokens=16, group_size=2, questions_per_step=1
+        tmp_path,
+        "dac/smollm135m-cpu",
+        max_turns=1,
+        top_k=1,
+        max_new_tokens=16,
+        group_size=2,
+        questions_per_step=1,
     )
     cfg = load_train_run_config(config, {"steps": 2, "out": tmp_path / "dac"})
     build_trainer(cfg, tmp_path / "dac").train()

@@ -22,8 +22,8 @@ from rich.table import Table
 from searchteam.config import ConfigError, RunConfig, load_config, parse_settings
 from searchteam.data.benchmark import DataError
 from searchteam.llm.base import LLMError
+from searchteam.methods import METHODS, UnknownMethodError
 from searchteam.retrieval.base import RetrievalError
-from searchteam.teams import METHODS, UnknownMethodError
 
 if TYPE_CHECKING:
     from searchteam.types import Episode

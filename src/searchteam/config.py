@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from searchteam.llm.models import DEFAULT_MODEL, TRAINED
 
-SHIPPED_CONFIGS = Path(__file__).parent / "configs"
+METHODS_DIR = Path(__file__).parent / "methods"  # each method ships its recipes in <method>/recipes/
 # accelerate's trackers a run may report to; "all" is refused (it would start every installed tracker)
 TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
 NO_TRACKER = "none"
@@ -158,20 +158,30 @@ class RunConfig(BaseModel):
 
 
 def resolve_config_path(path: Path) -> Path:
-    """A YAML file, or the name of a config shipped with searchteam (e.g. `train-mask-cpu`)."""
+    """A YAML file, or the name of a recipe shipped with searchteam (`METHOD/MODEL-DEVICE[-VARIANT]`, e.g.
+    `mask/qwen0.5b-cpu`; see `shipped_recipes`)."""
     if path.exists():
         return path
-    shipped = SHIPPED_CONFIGS / f"{path.stem}.yaml"
-    if shipped.exists() and path.parent == Path("."):
-        return shipped
-    names = ", ".join(sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.yaml")))
-    raise ConfigError(f"config file not found: {path} (shipped configs: {names})")
+    recipes = shipped_recipes()
+    name = str(path).removesuffix(".yaml")
+    if name in recipes:
+        return recipes[name][0]
+    raise ConfigError(
+        f"config file not found: {path}{did_you_mean(name, recipes)} (shipped recipes: {', '.join(recipes)})"
+    )
 
 
 def shipped_recipes() -> dict[str, tuple[Path, str]]:
-    """Every training recipe shipped with searchteam: its name (what `--config` takes) → (its file, its
-    purpose: the first comment line of its YAML header, or "" when it has none)."""
-    return {path.stem: (path, _header_line(path)) for path in sorted(SHIPPED_CONFIGS.glob("*.yaml"))}
+    """Every training recipe shipped with searchteam: its name `METHOD/MODEL-DEVICE[-VARIANT]` (what
+    `--config` takes) → (its file, its purpose: the first comment line of its YAML header, or "")."""
+    paths = sorted(METHODS_DIR.glob("*/recipes/*.yaml"))
+    return {f"{p.parent.parent.name}/{p.name.removesuffix('.yaml')}": (p, _header_line(p)) for p in paths}
+
+
+def recipe_name(path: Path) -> str | None:
+    """The shipped recipe name of a config file, or None for a file of the user's."""
+    resolved = path.resolve()
+    return next((name for name, (p, _) in shipped_recipes().items() if p.resolve() == resolved), None)
 
 
 def _header_line(path: Path) -> str:

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 from searchteam.config import ConfigError, RunConfig, did_you_mean
 from searchteam.llm import LLM, build_llm, secondary_backend
+from searchteam.methods import get_team
 from searchteam.retrieval.base import Retriever
 from searchteam.runtime import Sampling
-from searchteam.teams import Team, TeamSettings, get_team
+from searchteam.teams import Team, TeamSettings
 
 
 @dataclass

@@ -20,15 +20,15 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 from pydantic import Field, field_validator
 
-from searchteam.config import SHIPPED_CONFIGS, ConfigError, RunConfig, load_config
+from searchteam.config import ConfigError, RunConfig, load_config, recipe_name, resolve_config_path
 from searchteam.data.benchmark import load_benchmark, load_questions
 from searchteam.eval.runner import effective_config
 from searchteam.factory import build_run_retriever, build_sampling, build_team, secondary_llm
 from searchteam.llm import build_llm, resolve_backend
 from searchteam.llm.hf import HFBackend, pick_device
 from searchteam.llm.models import TRAINED, checkpoint_of
+from searchteam.methods import build_reward_scheme, get_method
 from searchteam.rewards.metrics import answer_scores
-from searchteam.rewards.schemes import build_reward_scheme
 from searchteam.rl import Policy, TrainConfig, Trainer, load_policy
 from searchteam.rl.config import WarmStartConfig
 from searchteam.rl.distributed import make_accelerator
@@ -51,7 +51,9 @@ class TrainRunConfig(RunConfig):
     questions_per_step: int = Field(4, ge=1)
     reward: dict[str, Any] = Field(default_factory=dict, description="options of the method's reward scheme")
     judge_model: str | None = Field(None, description="LLM judge for reward schemes that use one (DECOR)")
-    recipe: str | None = Field(None, description="the shipped config the run started from (set by the CLI)")
+    recipe: str | None = Field(
+        None, description="the config the run started from: a shipped recipe's name, else its path"
+    )
     warm_start: WarmStartConfig | None = Field(
         None, description="rejection-sampling fine-tuning before RL (expert iteration); off when unset"
     )
@@ -75,11 +77,11 @@ class TrainRunConfig(RunConfig):
 
 
 def default_recipe(method: str, device: str | None = None) -> Path | None:
-    """The shipped training config of `method` for the device at hand (`train-METHOD-gpu` on CUDA when one
-    ships, else `train-METHOD-cpu`), or None when the method has no recipe."""
+    """The recipe `method` registers for the device at hand (its `gpu` recipe on CUDA when it has one, else
+    its `cpu` recipe), or None when the method registers none."""
     kinds = ("gpu", "cpu") if pick_device(device).startswith("cuda") else ("cpu",)
-    found = [SHIPPED_CONFIGS / f"train-{method}-{kind}.yaml" for kind in kinds]
-    return next((p for p in found if p.exists()), None)
+    found = [get_method(method).recipe_path(kind) for kind in kinds]
+    return next((p for p in found if p is not None), None)
 
 
 def load_train_run_config(
@@ -94,7 +96,7 @@ def load_train_run_config(
     cfg = load_config(path, overrides, TrainRunConfig, settings)
     assert isinstance(cfg, TrainRunConfig)
     if path is not None:
-        cfg.recipe = str(path)
+        cfg.recipe = recipe_name(resolve_config_path(path)) or str(path)
     if train_overrides:
         cfg.train = TrainConfig.model_validate({**cfg.train.model_dump(), **train_overrides})
     if cfg.train.steps == 0 and cfg.warm_start is None:
@@ -123,15 +125,11 @@ def check_reward_placement(placement: str | None, train: TrainConfig) -> None:
         )
 
 
-def frozen_generator(cfg: TrainRunConfig) -> dict[str, str]:
-    """QAgent stage 2 (§3.4) trains the agent for a FROZEN generator: unless the run names one
-    (`extra_models.generator`), a separate copy of the base model serves it, never the trained policy."""
-    stage2 = cfg.method == "qagent" and int(cfg.reward.get("stage", 1)) == 2
-    if not stage2 or "generator" in cfg.extra_models:
-        return dict(cfg.extra_models)
-    if cfg.options.get("mode") != "submodule":
-        raise ConfigError("qagent stage 2 rewards a frozen generator's answer: set options.mode: submodule")
-    return {**cfg.extra_models, "generator": cfg.model}
+def training_models(cfg: TrainRunConfig) -> dict[str, str]:
+    """The run's extra models, plus any its method adds for training (`register_method(training_models=)`:
+    QAgent stage 2's frozen generator); the method's hook refuses a config it cannot train."""
+    hook = get_method(cfg.method).training_models
+    return hook(cfg) if hook is not None else dict(cfg.extra_models)
 
 
 def training_questions(cfg: TrainRunConfig) -> list[Question]:
@@ -252,7 +250,7 @@ def make_rollout(
             ov_precision=cfg.ov_precision,
             server=cfg.server,
         )
-    extra = {name: secondary_llm(cfg, model) for name, model in frozen_generator(cfg).items()}
+    extra = {name: secondary_llm(cfg, model) for name, model in training_models(cfg).items()}
     retriever = build_run_retriever(cfg) if team.uses_retrieval else None
     sampling = build_sampling(cfg)
     timings: dict[str, float] = {}
@@ -299,7 +297,7 @@ def make_rollout(
         position = {(q.id, q.meta["replica"]): i for i, q in enumerate(copies)}
         episodes.sort(key=lambda e: position[(e.question.id, e.question.meta["replica"])])
         for episode in episodes:
-            episode.meta["group_id"] = episode.question.id
+            episode.group_id = episode.question.id
         return episodes
 
     rollout.timings = timings  # type: ignore[attr-defined]  # read by the trainer after each call
@@ -368,7 +366,7 @@ def build_trainer(
     warm_team = build_team(warm_cfg) if warm_cfg else None  # validates the stage's own options
     reward = build_reward_scheme(cfg.method, cfg.reward)  # validates the options before loading models
     check_reward_placement(getattr(getattr(reward, "options", None), "placement", None), cfg.train)
-    frozen_generator(cfg)  # refuses a QAgent stage-2 run without submodule mode before any model loads
+    training_models(cfg)  # e.g. refuses a QAgent stage-2 run without submodule mode before any model loads
     initial = initial_checkpoint(cfg)
     check_installed(trackers_for(cfg.report_to))  # a named tracker that is missing, before any model loads
     resolved = effective_config(cfg, team)

@@ -4,9 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 Message = dict[str, str]
+
+
+def _lift_meta(data: Any, keys: dict[str, str]) -> Any:
+    """Results written before these fields existed kept them in `meta` (`keys`: old meta key → field):
+    move them into the fields, so older rollout and results files still load for resume, view and compare."""
+    if not isinstance(data, dict) or not isinstance(data.get("meta"), dict):
+        return data
+    if not any(key in data["meta"] for key in keys):
+        return data
+    meta = dict(data["meta"])
+    lifted = {field: meta.pop(key) for key, field in keys.items() if key in meta and field not in data}
+    return {**data, **lifted, "meta": meta}
 
 
 class Question(BaseModel):
@@ -32,7 +44,14 @@ class Passage(BaseModel):
 
 
 class Turn(BaseModel):
-    """One LLM call by one role."""
+    """One LLM call by one role.
+
+    What the trainer reads besides the call itself: `frozen` (never trained nor rewarded, e.g. a frozen
+    generator's call), `continuation` (the assistant text the call continued, `continuation_chars` long;
+    results files keep only the length), `env_spans` (`[start, end)` character ranges of environment text
+    inside that continuation, masked out of the loss), `subgroup` (a separate GRPO group within the question,
+    e.g. DAC's hard-positive inputs) and `sft_target` (a pseudo-target for the auxiliary SFT loss, DAC Eq. 7).
+    `meta` holds what a method's team records for its own reward scheme and for reading a run."""
 
     role: str
     step: int = 0
@@ -49,11 +68,32 @@ class Turn(BaseModel):
     model: str = "policy"
     seconds: float = 0.0
     reward: float | None = None
+    frozen: bool = False
+    continuation: str | None = None
+    continuation_chars: int = 0
+    env_spans: list[list[int]] = Field(default_factory=list)
+    subgroup: str = ""
+    sft_target: str | None = None
     meta: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_old_meta(cls, data: Any) -> Any:
+        return _lift_meta(data, _OLD_TURN_META)
 
     def flag_format_error(self, why: str) -> None:
         self.parsed_ok = False
         self.parse_error = why
+
+
+_OLD_TURN_META = {
+    "frozen": "frozen",
+    "continuation": "continuation",
+    "continuation_chars": "continuation_chars",
+    "env_spans": "env_spans",
+    "group": "subgroup",
+    "sft_target": "sft_target",
+}
 
 
 class Retrieval(BaseModel):
@@ -69,8 +109,12 @@ class Retrieval(BaseModel):
     )
 
 
+_OLD_EPISODE_META = {"group_id": "group_id", "reward": "reward", "reward_terms": "reward_terms"}
+
+
 class Episode(BaseModel):
-    """Everything that happened while one method answered one question."""
+    """Everything that happened while one method answered one question. `group_id` overrides the GRPO group
+    (default: the question id); `reward` and `reward_terms` are what the reward scheme scored (training)."""
 
     question: Question
     method: str
@@ -81,7 +125,15 @@ class Episode(BaseModel):
     answer: str = ""
     error: str | None = None
     seconds: float = 0.0
+    group_id: str | None = None
+    reward: float | None = None
+    reward_terms: dict[str, float] = Field(default_factory=dict)
     meta: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_old_meta(cls, data: Any) -> Any:
+        return _lift_meta(data, _OLD_EPISODE_META)
 
     @property
     def prompt_tokens(self) -> int:

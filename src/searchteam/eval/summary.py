@@ -32,6 +32,11 @@ TURN_FIELDS = {
     "prompt_tokens",
     "completion_tokens",
     "model",
+    "frozen",
+    "continuation_chars",
+    "env_spans",
+    "subgroup",
+    "sft_target",
     "meta",
 }
 
@@ -54,10 +59,8 @@ def episode_trace(episode: Episode) -> dict[str, Any]:
 
 
 def _turn_record(turn) -> dict[str, Any]:
-    record = turn.model_dump(include=TURN_FIELDS)
-    # the continuation text repeats earlier completions and environment text: keep only its length
-    record["meta"] = {k: v for k, v in record["meta"].items() if k != "continuation"}
-    return record
+    # the continuation text repeats earlier completions and environment text: only its length is kept
+    return turn.model_dump(include=TURN_FIELDS)
 
 
 def result_row(episode: Episode) -> dict[str, Any]:

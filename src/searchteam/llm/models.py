@@ -66,7 +66,7 @@ class TrainedAdapter:
     name: str
     method: str
     base: str
-    recipe: str  # the shipped training config of its last stage (src/searchteam/configs/RECIPE.yaml)
+    recipe: str  # the shipped recipe of its last stage (`searchteam train --config RECIPE`)
     description: str
     # run config fields it was trained with, used when its method runs it and a run leaves them unset
     # (dicts merge key by key, the run's keys winning): e.g. QAgent's submodule mode and frozen generator
@@ -82,32 +82,32 @@ TRAINED: dict[str, TrainedAdapter] = {
         name="qwen2.5-coder-0.5b-jade",
         method="jade",
         base="qwen2.5-coder-0.5b",
-        recipe="train-jade-reader-qwen-cpu",
-        description="JADE's shared planner/executor policy: warm start + 6 GRPO steps (train-jade-qwen-cpu), "
-        "then expert iteration on the answer generator (train-jade-reader-qwen-cpu)",
+        recipe="jade/qwen0.5b-cpu-reader",
+        description="JADE's shared planner/executor policy: warm start + 6 GRPO steps (jade/qwen0.5b-cpu), "
+        "then expert iteration on the answer generator (jade/qwen0.5b-cpu-reader)",
     ),
     "qwen2.5-coder-0.5b-mask": TrainedAdapter(
         name="qwen2.5-coder-0.5b-mask",
         method="mask",
         base="qwen2.5-coder-0.5b",
-        recipe="train-mask-qwen-cpu",
-        description="M-ASK's five agents, one shared policy: the warm start of train-mask-qwen-cpu",
+        recipe="mask/qwen0.5b-cpu",
+        description="M-ASK's five agents, one shared policy: the warm start of mask/qwen0.5b-cpu",
     ),
     "qwen2.5-coder-0.5b-naive_rag": TrainedAdapter(
         name="qwen2.5-coder-0.5b-naive_rag",
         method="naive_rag",
         base="qwen2.5-coder-0.5b",
-        recipe="train-naive_rag-qwen-cpu",
+        recipe="naive_rag/qwen0.5b-cpu",
         description="naive RAG's reader: one round of expert iteration on its answers over the top-5 "
-        "passages (train-naive_rag-qwen-cpu)",
+        "passages (naive_rag/qwen0.5b-cpu)",
     ),
     "qwen2.5-coder-0.5b-qagent": TrainedAdapter(
         name="qwen2.5-coder-0.5b-qagent",
         method="qagent",
         base="qwen2.5-coder-0.5b",
-        recipe="train-qagent-qwen-cpu",
+        recipe="qagent/qwen0.5b-cpu",
         description="QAgent's search agent as a plug-in module (submodule mode) in front of the frozen base "
-        "model as generator: 2 rounds of expert iteration on the agent (train-qagent-qwen-cpu)",
+        "model as generator: 2 rounds of expert iteration on the agent (qagent/qwen0.5b-cpu)",
         run_settings={
             "options": {"mode": "submodule"},
             "extra_models": {"generator": "qwen2.5-coder-0.5b"},
@@ -119,9 +119,9 @@ TRAINED: dict[str, TrainedAdapter] = {
         name="qwen2.5-coder-0.5b-search_r1",
         method="search_r1",
         base="qwen2.5-coder-0.5b",
-        recipe="train-search_r1-qwen-cpu",
+        recipe="search_r1/qwen0.5b-cpu",
         description="the monolithic Search-R1 agent: one round of expert iteration, then 24 GRPO steps on EM "
-        "(train-search_r1-qwen-cpu)",
+        "(search_r1/qwen0.5b-cpu)",
     ),
 }
 

@@ -107,7 +107,7 @@ class TrainConfig(BaseModel):
         0.0,
         ge=0.0,
         description="β_SFT of DAC Eq. 8: weight of an auxiliary SFT loss on turns whose reward scheme "
-        "recorded a pseudo-target (`meta['sft_target']`); 0 = off",
+        "recorded a pseudo-target (`turn.sft_target`); 0 = off",
     )
     entropy_coef: float = Field(
         0.0, ge=0.0, description="entropy bonus: loss = pg_loss − c·entropy, aggregated like the policy loss"

@@ -2,7 +2,7 @@
 loss mask that is 1 only on tokens the model generated).
 
 Monolithic agents (Search-R1) keep generating inside one assistant message: turn k's prompt ends with the
-continuation (earlier completions plus retrieved <information> text), and `turn.meta["env_spans"]` holds the
+continuation (earlier completions plus retrieved <information> text), and `turn.env_spans` holds the
 character ranges of environment text inside it. Per-turn samples put that continuation in the prompt, so it
 is never trained. `merge_continuations=True` instead folds such a chain of turns into one trajectory
 sample, as Search-R1 trains it, whose completion spans the whole assistant message and whose loss mask is
@@ -52,13 +52,12 @@ class Sample:
 
 def continuation_of(turn: Turn) -> str:
     """The assistant text already present before this turn's completion ("" for an ordinary chat call)."""
-    text = turn.meta.get("continuation")
-    if text is not None:
-        return text
-    if turn.meta.get("continuation_chars"):
+    if turn.continuation is not None:
+        return turn.continuation
+    if turn.continuation_chars:
         raise ExperienceError(
             f"turn {turn.step} of role '{turn.role}' continued an assistant message but recorded neither "
-            "prompt_token_ids nor meta['continuation']; record the continuation text to rebuild its prompt"
+            "prompt_token_ids nor its continuation; record the continuation text to rebuild its prompt"
         )
     return ""
 
@@ -99,7 +98,7 @@ def _turn_sample(
         group_id=group_id,
         turn_index=index,
         reward=0.0 if turn.reward is None else float(turn.reward),
-        subgroup=str(turn.meta.get("group", "")),
+        subgroup=turn.subgroup,
         parsed_ok=turn.parsed_ok,
         old_logprobs=list(logprobs) if logprobs is not None else None,
     )
@@ -108,10 +107,9 @@ def _turn_sample(
 def _sft_sample(
     turn: Turn, index: int, episode_id: int, group_id: str, tokenizer, render: Render
 ) -> Sample | None:
-    """DAC Eq. 7: the pseudo-target a reward scheme recorded for this turn's prompt (`meta['sft_target']`,
+    """DAC Eq. 7: the pseudo-target a reward scheme recorded for this turn's prompt (`turn.sft_target`,
     e.g. the clean-evidence answer for a hard-positive input), trained by likelihood, not by advantage."""
-    target = turn.meta.get("sft_target")
-    completion = _encode(tokenizer, str(target)) if target else []
+    completion = _encode(tokenizer, turn.sft_target) if turn.sft_target else []
     base = _turn_sample(turn, index, episode_id, group_id, tokenizer, render) if completion else None
     if base is None:
         return None
@@ -141,7 +139,7 @@ def _trajectory_sample(
     full = render(last)
     head = full[: len(full) - len(continuation)] if continuation else full
     enc = tokenizer(continuation, add_special_tokens=False, return_offsets_mapping=True)
-    mask = env_token_mask(enc["offset_mapping"], last.meta.get("env_spans", []))
+    mask = env_token_mask(enc["offset_mapping"], last.env_spans)
     completion = _completion_ids(tokenizer, last)
     if not completion and not any(mask):
         return None
@@ -161,9 +159,9 @@ def _trajectory_sample(
 
 def _extends(prev: Turn, turn: Turn) -> bool:
     """Whether `turn` continues the assistant message in which `prev` generated its completion."""
-    if turn.role != prev.role or turn.messages != prev.messages or "continuation" not in turn.meta:
+    if turn.role != prev.role or turn.messages != prev.messages or turn.continuation is None:
         return False
-    return turn.meta["continuation"].startswith(prev.meta.get("continuation", "") + prev.completion)
+    return turn.continuation.startswith((prev.continuation or "") + prev.completion)
 
 
 def _chains(turns: list[tuple[int, Turn]]) -> list[list[tuple[int, Turn]]]:
@@ -179,8 +177,8 @@ def _chains(turns: list[tuple[int, Turn]]) -> list[list[tuple[int, Turn]]]:
 
 
 def group_key(episode: Episode) -> str:
-    """The GRPO group of an episode: rollouts of the same question (override with meta['group_id'])."""
-    return str(episode.meta.get("group_id", episode.question.id))
+    """The GRPO group of an episode: rollouts of the same question (override with `episode.group_id`)."""
+    return episode.group_id or episode.question.id
 
 
 def samples_from_episodes(
@@ -193,11 +191,11 @@ def samples_from_episodes(
     sft_targets: bool = False,
 ) -> list[Sample]:
     """Training samples from every turn the policy generated (`turn.model == "policy"`; frozen extra models
-    and turns marked `meta["frozen"]` are skipped), optionally only for `roles`. Prompt ids come from the
+    and frozen turns are skipped), optionally only for `roles`. Prompt ids come from the
     turn when the backend recorded them, else from `render(turn)` (default: `chat_render(tokenizer)`).
-    A turn without a reward counts as reward 0; `subgroup` is the turn's `meta["group"]` (a separate GRPO
+    A turn without a reward counts as reward 0; `subgroup` is the turn's `subgroup` (a separate GRPO
     group within the question, e.g. DAC's hard-positive generator inputs). With `sft_targets`, a turn whose
-    reward scheme recorded `meta["sft_target"]` adds one more sample with `sft=True` (see `_sft_sample`).
+    reward scheme recorded an `sft_target` adds one more sample with `sft=True` (see `_sft_sample`).
     `episode_id` is the episode's index in `episodes`; `group_id` is `group_key(episode)`."""
     render = render or chat_render(tokenizer)
     wanted = set(roles) if roles is not None else None
@@ -207,11 +205,11 @@ def samples_from_episodes(
         turns = [
             (i, t)
             for i, t in enumerate(episode.turns)
-            if t.model == "policy" and not t.meta.get("frozen") and (wanted is None or t.role in wanted)
+            if t.model == "policy" and not t.frozen and (wanted is None or t.role in wanted)
         ]
         if merge_continuations:
             for chain in _chains(turns):
-                if len(chain) == 1 and not chain[0][1].meta.get("continuation"):
+                if len(chain) == 1 and not chain[0][1].continuation:
                     sample = _turn_sample(chain[0][1], chain[0][0], episode_id, group_id, tokenizer, render)
                 else:
                     sample = _trajectory_sample(chain, episode_id, group_id, tokenizer, render)

@@ -148,10 +148,11 @@ def light(sample: Sample) -> Sample:
 
 
 def trace(episode: Episode) -> dict[str, Any]:
-    """An episode for `rollouts.jsonl`: question, answer, meta and turns without prompts or token ids."""
+    """An episode for `rollouts.jsonl`: question, answer, reward, meta and turns without prompts or token
+    ids."""
     return episode.model_dump(
         mode="json",
-        include={"question", "answer", "error", "meta", "turns"},
+        include={"question", "answer", "error", "group_id", "reward", "reward_terms", "meta", "turns"},
         exclude={"turns": {"__all__": {"messages", "prompt_token_ids", "completion_token_ids", "logprobs"}}},
     )
 

@@ -40,7 +40,7 @@ def policy_turns(episode: Episode, roles: Iterable[str] | None = None) -> list[T
     return [
         t
         for t in episode.turns
-        if t.model == "policy" and not t.meta.get("frozen") and (wanted is None or t.role in wanted)
+        if t.model == "policy" and not t.frozen and (wanted is None or t.role in wanted)
     ]
 
 

@@ -91,9 +91,9 @@ class Context:
             finish_reason=completion.finish_reason,
             model=model,
             seconds=time.perf_counter() - started,
+            continuation=continuation or None,
+            continuation_chars=len(continuation),
         )
-        if continuation:
-            turn.meta.update(continuation=continuation, continuation_chars=len(continuation))
         self.episode.turns.append(turn)
         if self.on_turn is not None:
             self.on_turn(self.episode, turn)

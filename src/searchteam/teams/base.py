@@ -1,7 +1,8 @@
-"""What every team shares: settings, prompt files, the registry of methods."""
+"""What every team shares: settings, the prompt file next to its module, the chat layout."""
 
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
 from functools import cache
 from pathlib import Path
@@ -13,8 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from searchteam.runtime.context import Context, Turn
 from searchteam.teams.parsing import parse_answer
 from searchteam.types import Message, Passage, Question
-
-PROMPT_DIR = Path(__file__).parent / "prompts"
 
 
 class TeamSettings(BaseModel):
@@ -29,7 +28,8 @@ class TeamSettings(BaseModel):
 
 
 class Team(ABC):
-    """A method. `run` is an async workflow that mirrors the paper's algorithm box."""
+    """A method's team. `run` is an async workflow that mirrors the paper's algorithm box; its prompts are
+    `prompts.yaml` next to the module that defines it (`searchteam/methods/<name>/`)."""
 
     name: ClassVar[str]
     description: ClassVar[str]
@@ -52,7 +52,7 @@ class Team(ABC):
                 "max_turns": self.default_max_turns if given.max_turns is None else given.max_turns,
             }
         )
-        self.prompts = load_prompts(self.name)
+        self.prompts = load_prompts(prompt_file(type(self)))
 
     @abstractmethod
     async def run(self, q: Question, ctx: Context) -> str: ...
@@ -81,9 +81,13 @@ class Team(ABC):
         return parsed.value
 
 
+def prompt_file(team: type[Team]) -> Path:
+    """The team's prompts: `prompts.yaml` in the folder of the module that defines it."""
+    return Path(sys.modules[team.__module__].__file__ or "").parent / "prompts.yaml"
+
+
 @cache
-def load_prompts(name: str) -> dict[str, Any]:
-    path = PROMPT_DIR / f"{name}.yaml"
+def load_prompts(path: Path) -> dict[str, Any]:
     with path.open(encoding="utf-8") as fh:
         return yaml.safe_load(fh)
 

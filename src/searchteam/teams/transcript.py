@@ -6,11 +6,11 @@ model continues. The text therefore mixes two sources, and RL must only optimise
 (Search-R1 §3.1 "retrieved token masking"; DAC §4.1 "information blocks are treated as environment outputs
 and masked out"). A `Transcript` keeps that distinction explicit and writes it down:
 
-- `episode.meta[key]` (default `"transcript"`): the segments in order, `{"source": "model" | "env",
+- `episode.meta[key]` (default `TRANSCRIPT`): the segments in order, `{"source": "model" | "env",
   "text": ...}`, model segments with `"turn"`, the index in `episode.turns` of the call that wrote them.
-- `turn.meta["env_spans"]` on every call it makes: `[start, end)` character ranges of the environment text
+- `turn.env_spans` on every call it makes: `[start, end)` character ranges of the environment text
   inside that call's `continuation` (the transcript text before the call; its length is
-  `turn.meta["continuation_chars"]`, and it is always a prefix of the final transcript text). A trainer
+  `turn.continuation_chars`, and it is always a prefix of the final transcript text). A trainer
   maps these ranges onto prompt tokens to mask them; the call's own completion is all model text.
 """
 
@@ -25,6 +25,7 @@ from searchteam.types import Episode, Message, Passage, Turn
 
 Source = Literal["model", "env"]
 ANSWER_OPENER = "<answer>"
+TRANSCRIPT = "transcript"  # the episode meta key of the segments
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Segment:
 class Transcript:
     """An append-only assistant text made of model and environment segments, recorded on the episode."""
 
-    def __init__(self, episode: Episode, key: str = "transcript") -> None:
+    def __init__(self, episode: Episode, key: str = TRANSCRIPT) -> None:
         self.segments: list[Segment] = []
         self._record: list[dict[str, object]] = []
         episode.meta[key] = self._record
@@ -76,7 +77,7 @@ class Transcript:
         turn = await ctx.llm(
             role, messages, stop=stop, max_new_tokens=max_new_tokens, continuation=self.text, model=model
         )
-        turn.meta["env_spans"] = spans
+        turn.env_spans = spans
         if turn.completion:
             self.segments.append(Segment("model", turn.completion))
             self._record.append(

@@ -243,7 +243,7 @@ def _scores(raw: dict[str, Any], golds: list[str], prediction: str) -> dict[str,
         scores = answer_scores(prediction, golds)
     if isinstance(raw.get(JUDGE), int | float):
         scores[JUDGE] = float(raw[JUDGE])
-    reward = (raw.get("meta") or {}).get("reward")
+    reward = raw.get("reward", (raw.get("meta") or {}).get("reward"))  # in meta: a file of an older run
     if isinstance(reward, int | float):
         scores["reward"] = float(reward)
     return scores
@@ -263,7 +263,7 @@ def _eval_episode(raw: dict[str, Any], row: RowSummary) -> dict[str, Any]:
 
 
 def _train_episode(raw: dict[str, Any], row: RowSummary) -> dict[str, Any]:
-    meta = raw.get("meta") or {}
+    meta = {**(raw.get("meta") or {}), **{k: raw[k] for k in ("group_id", "reward_terms") if raw.get(k)}}
     facts = {"step": row.step, **{k: v for k, v in meta.items() if k != "reward"}}
     return _episode(row, raw.get("turns", []), [], [], facts)
 

@@ -1,0 +1,186 @@
+"""QAgent (Jiang et al.): a search agent that plans, issues several queries per round, reflects, and answers.
+
+The rollout is Algorithm 1 ("Rollout with Multi-Turn Interaction") over one growing reply (§3.2, Eq. 6:
+q, I_1^pre, S_1, C_1, I_1^post, …, Â): in each of at most B = `max_turns` rounds the agent writes
+`<plan>…</plan>` and a `<search>` with up to three `<query>` items, all of them are retrieved and their
+results appended as one `<information>` block (Eq. 5, C_t = ⊕_j R(q_tj)), then `<reflection>…</reflection>`
+and a new plan or `<answer>`. The reply is a `Transcript`: information blocks and retry prompts are
+environment text (`turn.env_spans`). Every retrieved passage joins the passage set K (line 12).
+
+Roles: `agent`; `generator` in submodule mode, called with `model="generator"` so a run can configure a
+different (frozen) generator model (`extra_models: {generator: ...}`); without one the policy serves it.
+The generator is frozen in the paper (§3.4), so its turns are frozen (`turn.frozen`): never trained,
+even when the policy serves them, unless the option `frozen_generator: false` says otherwise.
+
+Options (`settings.options`):
+- `mode`: `end_to_end` (default; the agent's own `<answer>`, §3.3) or `submodule` (§3.4-3.5: the
+  deduplicated passage set K goes to the generator, Â = G(q, K), Eq. 8-9; the generator sees only the
+  question and K, never the agent's plans or reflections; the agent's own answer, if any, is kept in
+  `episode.meta["agent_answer"]` for the Hit term of Eq. 10);
+- `max_retries` (default 2): how many malformed outputs get prompt_rethink (line 16) before giving up;
+- `frozen_generator` (default true, as in §3.4): false leaves the generator's turns trainable, so a run
+  can fine-tune the reader on the passage sets the agent gathers (submodule mode only, and only when the
+  policy serves the generator: an `extra_models` generator is never trained; not in the paper).
+`top_k` is passages per query (the paper retrieves 1 per query; that is the default unless set);
+`max_turns` is B (default 4), and, as in line 18, a retry uses up a round.
+
+Parsing and fallbacks (flagged on the turn with `flag_format_error`, never raised):
+- no `<search>` with queries and no `<answer>`: malformed; the retry prompt is appended (counted in
+  `episode.meta["retries"]` and the snapshot); after `max_retries` the loop ends as if B were spent;
+- a `<search>` without `<query>` items: its whole text is used as one query;
+- more than three queries: only the first three are retrieved;
+- a `<search>` cut off by the token cap (the 0.5B model lists queries until it runs out): its complete
+  `<query>` items are the search;
+- a search round without `<plan>`, or a round after `<information>` without `<reflection>`: flagged only
+  (the format reward of §3.3 requires them), the action still runs;
+- end-to-end mode and no answer when the rounds run out: the environment opens `<answer>` for one last call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Literal
+
+from searchteam.runtime.context import Context
+from searchteam.teams.base import Team, TeamSettings, format_documents
+from searchteam.teams.parsing import capped, last_tag, tag_contents
+from searchteam.teams.transcript import Transcript, dedupe, information_block
+from searchteam.types import Passage, Question
+
+MODES = ("end_to_end", "submodule")
+AGENT_STOP = ("</search>", "</answer>")
+ANSWER_STOP = ("</answer>",)
+MAX_QUERIES = 3
+AGENT_TOKENS = 160
+ANSWER_TOKENS = 32
+GENERATOR_TOKENS = 48
+AGENT_ANSWER = "agent_answer"  # episode meta: the agent's own answer in submodule mode (reward.py, Eq. 7)
+
+
+@dataclass(frozen=True)
+class RoundOutput:
+    """What one agent generation y_b amounts to: a search with its queries, an answer, or malformed."""
+
+    kind: Literal["search", "answer", "malformed"]
+    queries: list[str] = field(default_factory=list)
+    answer: str = ""
+    issues: list[str] = field(default_factory=list)
+
+
+def parse_round(completion: str, after_information: bool) -> RoundOutput:
+    """Algorithm 1 lines 8-16: search tags first (ParseQ), then answer tags, else a retry."""
+    completion = capped(completion)
+    text = completion.lower()
+    issues = []
+    if after_information and "<reflection>" not in text:
+        issues.append("no <reflection> after <information>")
+    queries = [q for q in tag_contents(completion, "query") if q]
+    cut_off = "<search>" in text and "</search>" not in text and bool(queries)
+    if cut_off:
+        issues.append("unclosed <search>; its complete <query> items are used")
+    if "</search>" in text or cut_off:
+        if "<plan>" not in text:
+            issues.append("no <plan> before <search>")
+        if not queries and (block := last_tag(completion, "search")):
+            queries = [block]
+            issues.append("no <query> items; the <search> text is used as one query")
+        if len(queries) > MAX_QUERIES:
+            issues.append(f"{len(queries)} queries; only the first {MAX_QUERIES} are retrieved")
+        if queries:
+            return RoundOutput("search", queries=queries[:MAX_QUERIES], issues=issues)
+        return RoundOutput("malformed", issues=[*issues, "<search> without a query"])
+    if answer := last_tag(completion, "answer"):
+        return RoundOutput("answer", answer=answer, issues=issues)
+    return RoundOutput("malformed", issues=[*issues, "neither <search> with <query> items nor <answer>"])
+
+
+class QAgent(Team):
+    name = "qagent"
+    description = (
+        "QAgent: plan, up to 3 queries per round, reflect; answer end-to-end or hand the passage set "
+        "to a generator (options: mode=end_to_end|submodule)."
+    )
+
+    default_top_k = 1  # §4: "we retrieve 1 passage each query"
+    roles = ("agent", "generator")
+    model_names = ("generator",)
+    option_names = ("mode", "max_retries", "frozen_generator")
+
+    def __init__(self, settings: TeamSettings | None = None) -> None:
+        super().__init__(settings)
+        self.mode = self.settings.options.get("mode", "end_to_end")
+        if self.mode not in MODES:
+            raise ValueError(f"qagent option 'mode' must be one of {', '.join(MODES)}, not '{self.mode}'")
+        self.max_retries = int(self.settings.options.get("max_retries", 2))
+        frozen = self.settings.options.get("frozen_generator", True)
+        if not isinstance(frozen, bool):
+            raise ValueError(f"qagent option 'frozen_generator' must be true or false, not {frozen!r}")
+        if not frozen and self.mode != "submodule":
+            raise ValueError("qagent option 'frozen_generator: false' needs mode: submodule")
+        self.frozen_generator = frozen
+
+    async def run(self, q: Question, ctx: Context) -> str:
+        messages = self.chat("agent", question=q.question)
+        transcript = Transcript(ctx.episode)
+        found: list[Passage] = []  # the info set K (line 1)
+        retries = 0
+        agent_answer: str | None = None
+        after_information = gave_up = False
+        for b in range(self.settings.max_turns):  # line 2: while b < B
+            ctx.step = b
+            turn = await transcript.generate(
+                ctx, "agent", messages, stop=AGENT_STOP, max_new_tokens=AGENT_TOKENS
+            )
+            out = parse_round(turn.completion, after_information)
+            if out.issues:
+                turn.flag_format_error("; ".join(out.issues))
+            if out.kind == "search":  # lines 8-12
+                found = dedupe(found + await self._retrieve(out.queries, ctx, transcript))
+            elif out.kind == "answer":  # lines 13-14
+                agent_answer = out.answer
+            elif retries < self.max_retries:  # line 16: ask for retry
+                retries += 1
+                transcript.add_env(self.prompts["retry"])
+            else:
+                gave_up = True
+            after_information = out.kind == "search"
+            ctx.snapshot(
+                {
+                    "action": out.kind,
+                    "queries": out.queries,
+                    "passages": [p.id for p in found],
+                    "retries": retries,
+                }
+            )
+            if agent_answer is not None or gave_up:
+                break
+        ctx.episode.meta["retries"] = retries
+        ctx.step += 1
+        if self.mode == "submodule":
+            if agent_answer is not None:
+                ctx.episode.meta[AGENT_ANSWER] = agent_answer
+            return await self._generate(q, found, ctx)  # line 20: Â = G(q, K)
+        if agent_answer is None:
+            agent_answer = await transcript.force_answer(ctx, "agent", messages, max_new_tokens=ANSWER_TOKENS)
+        return agent_answer
+
+    async def _retrieve(self, queries: list[str], ctx: Context, transcript: Transcript) -> list[Passage]:
+        """Line 10-11: retrieve every query of the round, append the results as one information block."""
+        results = await asyncio.gather(*(ctx.search(query, self.settings.top_k) for query in queries))
+        passages = [p for hits in results for p in hits]
+        transcript.add_env(information_block(passages))
+        return passages
+
+    async def _generate(self, q: Question, passages: list[Passage], ctx: Context) -> str:
+        """The generator answers from the question and the deduplicated passage set only (Eq. 9)."""
+        documents = format_documents(passages) or "(no documents were retrieved)"
+        turn = await ctx.llm(
+            "generator",
+            self.chat("generator", question=q.question, documents=documents),
+            stop=ANSWER_STOP,
+            max_new_tokens=GENERATOR_TOKENS,
+            model="generator",
+        )
+        turn.frozen = self.frozen_generator
+        return self.answer_from(turn)

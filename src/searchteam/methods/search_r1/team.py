@@ -1,0 +1,120 @@
+"""Search-R1 (Jin et al., 2025): one policy that reasons, searches and answers in one growing reply.
+
+The rollout follows Search-R1's `run_llm_loop` (search_r1/llm_agent/generation.py), the monolithic baseline
+of DAC §4.1 and QAgent §4: for at most `max_turns` actions the agent generates until `</search>` or
+`</answer>`; a search retrieves the top-k passages, appended as `<information>…</information>`; an answer
+ends the episode. The whole trajectory is a `Transcript`, so the `<information>` text is recorded as
+environment tokens (`turn.env_spans`) that RL masks out of the loss.
+
+Role: `agent`. Settings: `top_k` passages per search (paper default 3), `max_turns` actions (default 4;
+Search-R1 counts invalid actions as turns too). Options:
+- `prompt`: `default` (instruction as the system message plus one worked example, sized for small models)
+  or `paper` (Search-R1's exact template as the one user message; see prompts/search_r1.yaml);
+- `action_tokens`: the token budget of each action (default 128; Search-R1's `max_response_length` is
+  500); `answer_tokens`: the budget of the forced final answer (default 32). A run's
+  `max_new_tokens_per_role: {agent: N}` still overrides both.
+
+Fallbacks (each flags a format error on the turn, never raises):
+- an output with neither `<search>…</search>` nor `<answer>…</answer>` (or an empty query): Search-R1's
+  "My previous action is invalid ..." observation is appended (environment text) and the turn is used up;
+- the turn budget spent without an answer: Search-R1's final rollout would generate once more and discard
+  any search; here the environment opens `<answer>` so that call must answer (flagged only if the model
+  then leaves the tag unclosed, answer taken as `parse_answer`'s unclosed-tag fallback).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from searchteam.runtime.context import Context
+from searchteam.teams.base import Team, TeamSettings
+from searchteam.teams.parsing import tag_pairs
+from searchteam.teams.transcript import Transcript, information_block
+from searchteam.types import Message, Question
+
+ACTION_STOP = ("</search>", "</answer>")
+ACTION_TOKENS = 128
+ANSWER_TOKENS = 32
+PROMPTS = ("default", "paper")
+
+
+@dataclass(frozen=True)
+class Action:
+    """The agent's action in one turn: a search query, a final answer, or neither (invalid)."""
+
+    kind: Literal["search", "answer", "invalid"]
+    content: str = ""
+    error: str | None = None
+
+
+def parse_action(completion: str) -> Action:
+    """Search-R1's `postprocess_predictions`: the first complete `<search>` or `<answer>` tag decides."""
+    found = next(tag_pairs(completion, ("search", "answer")), None)
+    if found is None:
+        return Action("invalid", error="neither <search>…</search> nor <answer>…</answer>")
+    kind, content = found.name, found.content.strip()
+    if not content:
+        return Action("invalid", error=f"empty <{kind}> tag")
+    return Action("search" if kind == "search" else "answer", content)
+
+
+class SearchR1(Team):
+    name = "search_r1"
+    description = (
+        "Monolithic Search-R1 agent: think, search, read <information>, answer, in one growing reply."
+    )
+    default_top_k = 3  # Search-R1 retrieves the top-3 passages per search
+    roles = ("agent",)
+    option_names = ("prompt", "action_tokens", "answer_tokens")
+
+    def __init__(self, settings: TeamSettings | None = None) -> None:
+        super().__init__(settings)
+        options = self.settings.options
+        self.prompt = str(options.get("prompt", "default"))
+        if self.prompt not in PROMPTS:
+            raise ValueError(f"search_r1 option prompt: '{self.prompt}' is not one of {', '.join(PROMPTS)}")
+        self.action_tokens = _positive(options, "action_tokens", ACTION_TOKENS)
+        self.answer_tokens = _positive(options, "answer_tokens", ANSWER_TOKENS)
+
+    def messages(self, question: str) -> list[Message]:
+        """The agent's prompt: our default chat, or Search-R1's template as its data scripts fill it."""
+        if self.prompt == "default":
+            return self.chat(question=question)
+        question = question.strip()
+        question += "" if question.endswith("?") else "?"
+        return [{"role": "user", "content": self.prompts["paper"]["user"].format(question=question)}]
+
+    async def run(self, q: Question, ctx: Context) -> str:
+        messages = self.messages(q.question)
+        transcript = Transcript(ctx.episode)
+        for step in range(self.settings.max_turns):
+            ctx.step = step
+            turn = await transcript.generate(
+                ctx, "agent", messages, stop=ACTION_STOP, max_new_tokens=self.action_tokens
+            )
+            action = parse_action(turn.completion)
+            state: dict[str, object] = {"action": action.kind}
+            if action.kind == "answer":
+                ctx.snapshot(state)
+                return action.content
+            if action.kind == "search":
+                passages = await ctx.search(action.content, self.settings.top_k)
+                transcript.add_env(information_block(passages))
+                state |= {"query": action.content, "passages": [p.id for p in passages]}
+            else:
+                turn.flag_format_error(action.error or "invalid action")
+                transcript.add_env(self.prompts["invalid_action"])
+            ctx.snapshot(state)
+        # budget spent: the final rollout must answer
+        ctx.step = self.settings.max_turns
+        answer = await transcript.force_answer(ctx, "agent", messages, max_new_tokens=self.answer_tokens)
+        ctx.snapshot({"action": "forced_answer"})
+        return answer
+
+
+def _positive(options: dict[str, object], key: str, default: int) -> int:
+    value = options.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"search_r1 option {key}: {value!r} is not a positive number of tokens")
+    return value

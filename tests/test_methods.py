@@ -1,0 +1,130 @@
+"""One package per method, one registry; recipes by name; the typed fields teams, rewards and the trainer
+share, and older results files that kept them in `meta`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from searchteam.config import ConfigError, resolve_config_path, shipped_recipes
+from searchteam.methods import METHODS, REGISTRY, build_reward_scheme, get_method, register_method
+from searchteam.methods.naive_rag.team import NaiveRAG
+from searchteam.rl.experience import group_key, samples_from_episodes
+from searchteam.types import Episode, Question, Turn
+
+PACKAGE = Path(REGISTRY["mask"].folder).parent
+
+
+def test_every_method_folder_is_one_registered_method_with_its_files():
+    folders = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
+    assert folders == sorted(METHODS)
+    for name, method in REGISTRY.items():
+        assert method.folder == PACKAGE / name and method.team.name == name
+        assert (method.folder / "team.py").is_file() and (method.folder / "prompts.yaml").is_file()
+        assert method.purpose == method.team.description and method.reward is not None
+        for kind in method.recipes:
+            assert method.recipe_path(kind).is_file()  # type: ignore[union-attr]
+    assert list(METHODS)[:2] == ["direct", "naive_rag"]  # listings follow the registered positions
+
+
+def test_a_method_registers_once_and_names_only_recipes_it_ships():
+    with pytest.raises(ValueError, match="registered twice"):
+        register_method(NaiveRAG, position=99)
+    missing = type("Missing", (NaiveRAG,), {"name": "missing_method"})
+    with pytest.raises(ValueError, match="does not exist"):
+        register_method(missing, position=99, recipes={"cpu": "no-such-recipe"})
+    assert "missing_method" not in REGISTRY
+
+
+def test_shipped_recipes_are_named_by_method_model_and_device():
+    recipes = shipped_recipes()
+    assert {"mask/qwen0.5b-cpu", "qagent/qwen0.5b-cpu-reader", "search_r1/qwen3b-gpu"} <= set(recipes)
+    for name, (path, purpose) in recipes.items():
+        method, _ = name.split("/")
+        assert method in METHODS and path.parent == PACKAGE / method / "recipes"
+        assert purpose and "searchteam train --config " + name in path.read_text(encoding="utf-8")
+        assert resolve_config_path(Path(name)) == path == resolve_config_path(Path(name + ".yaml"))
+    assert get_method("mask").recipe_path("gpu") == recipes["mask/qwen7b-gpu"][0]
+
+
+def test_an_unknown_recipe_name_lists_the_shipped_ones_in_one_line():
+    with pytest.raises(ConfigError) as caught:
+        resolve_config_path(Path("mask/qwen05b-cpu"))
+    message = str(caught.value)
+    assert "\n" not in message and "did you mean 'mask/qwen0.5b-cpu'?" in message
+    assert "shipped recipes: " in message and "jade/smollm135m-cpu" in message
+
+
+def old_rollout_line() -> str:
+    """A `rollouts.jsonl` line as runs wrote it when the protocol lived in `meta`."""
+    return json.dumps(
+        {
+            "step": 3,
+            "question": {"id": "q1", "question": "capital of France?", "golden_answers": ["Paris"]},
+            "answer": "Paris",
+            "error": None,
+            "meta": {"group_id": "g7", "reward": 0.5, "reward_terms": {"em": 1.0}, "abstained": False},
+            "turns": [
+                {
+                    "role": "searcher",
+                    "completion": "<search>France</search>",
+                    "reward": 0.25,
+                    "meta": {
+                        "continuation": "<think>x</think>",
+                        "continuation_chars": 16,
+                        "env_spans": [[0, 4]],
+                        "partial_abstained": True,
+                    },
+                },
+                {"role": "generator", "completion": "Paris", "meta": {"frozen": True, "probe": True}},
+                {
+                    "role": "generator",
+                    "completion": "Lyon",
+                    "meta": {"group": "hard_positive", "sft_target": "<answer>Paris</answer>"},
+                },
+            ],
+        }
+    )
+
+
+def test_an_old_results_line_loads_into_the_typed_fields():
+    episode = Episode.model_validate({"method": "dac", **json.loads(old_rollout_line())})
+    assert (episode.group_id, episode.reward, episode.reward_terms) == ("g7", 0.5, {"em": 1.0})
+    assert episode.meta == {"abstained": False} and group_key(episode) == "g7"
+    searcher, probe, hard = episode.turns
+    assert searcher.continuation == "<think>x</think>" and searcher.continuation_chars == 16
+    assert searcher.env_spans == [[0, 4]] and searcher.meta == {"partial_abstained": True}
+    assert probe.frozen and probe.meta == {"probe": True} and not searcher.frozen
+    assert hard.subgroup == "hard_positive" and hard.sft_target == "<answer>Paris</answer>"
+    assert Episode.model_validate_json(episode.model_dump_json()) == episode  # the new format round-trips
+
+
+def test_the_typed_fields_decide_what_is_trained():
+    tokens = {"Paris": [5], "Lyon": [6], "<answer>Paris</answer>": [7, 5, 8]}
+
+    class Tokenizer:
+        def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+            return {"input_ids": tokens.get(text, [1, 2])}
+
+    question = Question(id="q", question="?", golden_answers=["Paris"])
+    turns = [
+        Turn(role="generator", completion="Paris", prompt_token_ids=[3], frozen=True),
+        Turn(role="generator", completion="Lyon", prompt_token_ids=[3], subgroup="hp", sft_target="Paris"),
+    ]
+    episode = Episode(question=question, method="dac", turns=turns)
+    samples = samples_from_episodes([episode], Tokenizer(), sft_targets=True)
+    assert [(s.turn_index, s.subgroup, s.sft, s.completion_ids) for s in samples] == [
+        (1, "hp", False, [6]),
+        (1, "hp", True, [5]),
+    ]
+
+
+def test_a_reward_scheme_writes_the_episode_reward_fields_and_skips_frozen_turns():
+    question = Question(id="q", question="?", golden_answers=["Paris"])
+    turns = [Turn(role="answer", completion="x"), Turn(role="answer", completion="y", frozen=True)]
+    episode = Episode(question=question, method="naive_rag", turns=turns, answer="Paris")
+    build_reward_scheme("naive_rag")([episode])
+    assert episode.reward == 1.0 and episode.reward_terms["em"] == 1.0 and "reward" not in episode.meta
+    assert [t.reward for t in episode.turns] == [1.0, None]
