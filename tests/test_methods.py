@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from searchteam.config import ConfigError, resolve_config_path, shipped_recipes
-from searchteam.methods import METHODS, REGISTRY, build_reward_scheme, get_method, register_method
+from searchteam.methods import METHODS, REGISTRY, build_reward_scheme, get_method, get_team, register_method
 from searchteam.methods.naive_rag.team import NaiveRAG
 from searchteam.rl.experience import group_key, samples_from_episodes
+from searchteam.teams import TeamSettings
 from searchteam.types import Episode, Question, Turn
 
 PACKAGE = Path(REGISTRY["mask"].folder).parent
@@ -128,3 +129,22 @@ def test_a_reward_scheme_writes_the_episode_reward_fields_and_skips_frozen_turns
     build_reward_scheme("naive_rag")([episode])
     assert episode.reward == 1.0 and episode.reward_terms["em"] == 1.0 and "reward" not in episode.meta
     assert [t.reward for t in episode.turns] == [1.0, None]
+
+
+def test_team_options_are_typed_and_never_coerced():
+    """The string "false" is not a bool and "3" is not a number: each is refused, naming what it takes."""
+    given = {
+        "dac": {"abstain": "false"},
+        "decor": {"truncate_on_format_error": "false"},
+        "qagent": {"mode": "submodule", "frozen_generator": "false"},
+    }
+    for method, options in given.items():
+        with pytest.raises(ConfigError, match=f"{method} option '.*' must be true or false, not 'false'"):
+            get_team(method, TeamSettings(options=options))
+    with pytest.raises(ConfigError, match="ircot option 'max_passages': input should be a valid integer"):
+        get_team("ircot", TeamSettings(options={"max_passages": "3"}))
+    with pytest.raises(ConfigError, match="unknown option 'max_querys' .* did you mean 'max_queries'"):
+        get_team("static_pipeline", TeamSettings(options={"max_querys": 2}))
+    team = get_team("dac", TeamSettings(options={"abstain": False}))
+    assert team.options.abstain is False and team.options.hard_positives is None
+    assert REGISTRY["qagent"].team.option_names == ("mode", "max_retries", "frozen_generator")

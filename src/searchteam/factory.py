@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
-from searchteam.config import ConfigError, RunConfig, did_you_mean
+from searchteam.config import RunConfig
 from searchteam.llm import LLM, build_llm, secondary_backend
-from searchteam.methods import get_team
+from searchteam.methods import get_method, get_team
 from searchteam.retrieval.base import Retriever
 from searchteam.runtime import Sampling
 from searchteam.teams import Team, TeamSettings
+from searchteam.teams.base import check_names
 
 
 @dataclass
@@ -24,26 +24,10 @@ def build_team(config: RunConfig) -> Team:
     """The method's team; `top_k`/`max_turns` left unset in the config keep the team's paper defaults.
     A role, extra model or option the method does not have is a ConfigError (it would be ignored)."""
     settings = TeamSettings(top_k=config.top_k, max_turns=config.max_turns, options=config.options)
-    team = get_team(config.method, settings)
-    check_names(config.method, "role", "max_new_tokens_per_role", config.max_new_tokens_per_role, team.roles)
-    check_names(config.method, "extra model", "extra_models", config.extra_models, team.model_names)
-    check_names(config.method, "option", "options", config.options, team.option_names)
-    return team
-
-
-def check_names(method: str, kind: str, field: str, given: Iterable[str], valid: tuple[str, ...]) -> None:
-    """A one-line ConfigError for the first key of `given` that is not in `valid`, naming the valid ones."""
-    unknown = next((name for name in given if name not in valid), None)
-    if unknown is None:
-        return
-    if not valid:
-        raise ConfigError(
-            f"unknown {kind} '{unknown}' in {field}: method '{method}' has no {kind}s; remove it"
-        )
-    raise ConfigError(
-        f"unknown {kind} '{unknown}' in {field}: method '{method}' has the {kind}s {', '.join(valid)}"
-        + did_you_mean(unknown, valid)
-    )
+    cls = get_method(config.method).team
+    check_names(config.method, "role", "max_new_tokens_per_role", config.max_new_tokens_per_role, cls.roles)
+    check_names(config.method, "extra model", "extra_models", config.extra_models, cls.model_names)
+    return get_team(config.method, settings)  # validates the options (`Team.Options`)
 
 
 def build_sampling(config: RunConfig) -> Sampling:

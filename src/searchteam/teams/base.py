@@ -1,16 +1,18 @@
-"""What every team shares: settings, the prompt file next to its module, the chat layout."""
+"""What every team shares: settings, typed options, the prompt file next to its module, the chat layout."""
 
 from __future__ import annotations
 
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from searchteam.config import ConfigError, did_you_mean
 from searchteam.runtime.context import Context, Turn
 from searchteam.teams.parsing import parse_answer
 from searchteam.types import Message, Passage, Question
@@ -27,6 +29,14 @@ class TeamSettings(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+class TeamOptions(BaseModel):
+    """A team's options (`settings.options`, `options:` in a run config): a team subclasses it as `Options`.
+    Unknown keys are errors and values are taken as given, never coerced: the string "false" is not a
+    bool and "3" is not a number."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
 class Team(ABC):
     """A method's team. `run` is an async workflow that mirrors the paper's algorithm box; its prompts are
     `prompts.yaml` next to the module that defines it (`searchteam/methods/<name>/`)."""
@@ -39,10 +49,16 @@ class Team(ABC):
     default_max_turns: ClassVar[int] = 4
     # What a run config may name for this team (checked by `factory.build_team`): the roles it calls the model
     # as (`max_new_tokens_per_role`), the extra models it asks for by name (`extra_models`), and the keys of
-    # `settings.options` it reads.
+    # `settings.options` it reads (the fields of its `Options` model, validated into `self.options`).
     roles: ClassVar[tuple[str, ...]] = ()
     model_names: ClassVar[tuple[str, ...]] = ()
+    Options: ClassVar[type[TeamOptions]] = TeamOptions
     option_names: ClassVar[tuple[str, ...]] = ()
+    options: TeamOptions
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.option_names = tuple(cls.Options.model_fields)
 
     def __init__(self, settings: TeamSettings | None = None) -> None:
         given = settings or TeamSettings()
@@ -52,6 +68,7 @@ class Team(ABC):
                 "max_turns": self.default_max_turns if given.max_turns is None else given.max_turns,
             }
         )
+        self.options = parse_options(self.name, self.Options, self.settings.options)
         self.prompts = load_prompts(prompt_file(type(self)))
 
     @abstractmethod
@@ -79,6 +96,44 @@ class Team(ABC):
         if not parsed.ok:
             turn.flag_format_error(parsed.error or "bad answer format")
         return parsed.value
+
+
+def check_names(method: str, kind: str, field: str, given: Iterable[str], valid: tuple[str, ...]) -> None:
+    """A one-line ConfigError for the first key of `given` that is not in `valid`, naming the valid ones."""
+    unknown = next((name for name in given if name not in valid), None)
+    if unknown is None:
+        return
+    if not valid:
+        raise ConfigError(
+            f"unknown {kind} '{unknown}' in {field}: method '{method}' has no {kind}s; remove it"
+        )
+    raise ConfigError(
+        f"unknown {kind} '{unknown}' in {field}: method '{method}' has the {kind}s {', '.join(valid)}"
+        + did_you_mean(unknown, valid)
+    )
+
+
+def parse_options(method: str, model: type[TeamOptions], given: Mapping[str, Any]) -> TeamOptions:
+    """`given` validated into the team's options model; a ConfigError names the option and what it takes."""
+    names = tuple(model.model_fields)
+    check_names(method, "option", "options", given, names)
+    try:
+        return model.model_validate({name: given[name] for name in names if name in given})
+    except ValidationError as exc:
+        raise ConfigError("; ".join(_option_problem(method, model, e) for e in exc.errors())) from None
+
+
+def _option_problem(method: str, model: type[TeamOptions], err: Any) -> str:
+    """One invalid option as `METHOD option 'NAME' must be ..., not VALUE`."""
+    name = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "value_error":  # a validator's own sentence
+        return str(err["ctx"]["error"])
+    if err["type"] == "literal_error":
+        choices = get_args(model.model_fields[name].annotation)
+        return f"{method} option '{name}' must be one of {', '.join(map(str, choices))}, not {err['input']!r}"
+    if err["type"] in ("bool_type", "bool_parsing"):
+        return f"{method} option '{name}' must be true or false, not {err['input']!r}"
+    return f"{method} option '{name}': {err['msg'].lower()}, not {err['input']!r}"
 
 
 def prompt_file(team: type[Team]) -> Path:

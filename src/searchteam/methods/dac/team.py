@@ -53,9 +53,11 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from pydantic import Field
+
 from searchteam.rewards.metrics import sufficiency
 from searchteam.runtime.context import Context
-from searchteam.teams.base import Team, format_documents
+from searchteam.teams.base import Team, TeamOptions, format_documents
 from searchteam.teams.parsing import capped, parse_answer, tag_pairs
 from searchteam.teams.transcript import Transcript, dedupe, information_block
 from searchteam.types import Passage, Question, Turn
@@ -115,11 +117,20 @@ class DAC(Team):
     default_max_turns = 4
     roles = ("searcher", "generator")
     model_names = (SEARCHER_MODEL, GENERATOR_MODEL)
-    option_names = ("abstain", "difference_rewards", "hard_positives")
+
+    class Options(TeamOptions):
+        """Training-only feature switches: unset, each is on in training and off at inference."""
+
+        abstain: bool | None = Field(None, description="§3.2 abstention ('unknown') allowed")
+        difference_rewards: bool | None = Field(None, description="§3.4 generator probes on partial evidence")
+        hard_positives: bool | None = Field(None, description="§3.3 hard-positive generator inputs")
+
+    options: Options
 
     def option(self, key: str, ctx: Context) -> bool:
         """A training-only feature switch: on in training unless the options say otherwise."""
-        return bool(self.settings.options.get(key, ctx.training))
+        value = getattr(self.options, key)
+        return ctx.training if value is None else value
 
     async def run(self, q: Question, ctx: Context) -> str:
         abstain = self.option("abstain", ctx)

@@ -45,8 +45,10 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pydantic import Field
+
 from searchteam.runtime.context import Context
-from searchteam.teams.base import Team, format_documents
+from searchteam.teams.base import Team, TeamOptions, format_documents
 from searchteam.teams.parsing import capped, flat, has_pair, last_tag, opened_tail, untagged, without_pairs
 from searchteam.types import Message, Question, Turn
 
@@ -192,11 +194,20 @@ class DECOR(Team):
     default_max_turns = 4
     roles = tuple(MAX_NEW_TOKENS)
     model_names = ("compressor",)
-    option_names = ("memory_max_tokens", "truncate_on_format_error")
+
+    class Options(TeamOptions):
+        memory_max_tokens: int = Field(
+            DEFAULT_MEMORY_MAX_TOKENS, ge=1, description="memory size that compresses"
+        )
+        truncate_on_format_error: bool | None = Field(
+            None, description="end at a format error; unset: in training"
+        )
+
+    options: Options
 
     @property
     def memory_max_tokens(self) -> int:
-        return int(self.settings.options.get("memory_max_tokens", DEFAULT_MEMORY_MAX_TOKENS))
+        return self.options.memory_max_tokens
 
     async def run(self, q: Question, ctx: Context) -> str:
         memory = Memory()  # line 1: M_0 ← ∅, q_0 ← ∅
@@ -225,7 +236,8 @@ class DECOR(Team):
         """Whether the episode ends here: truncation is on and the last call, a planner, filter or answerer
         turn, broke the format (§4.3); records `episode.meta["truncated_at"]` when it does."""
         turn = ctx.episode.turns[-1]
-        if not self.settings.options.get("truncate_on_format_error", ctx.training):
+        truncate = self.options.truncate_on_format_error
+        if not (ctx.training if truncate is None else truncate):
             return False
         if turn.parsed_ok or turn.role not in GATED_ROLES:
             return False

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import re
 
+from pydantic import Field
+
 from searchteam.runtime.context import Context
-from searchteam.teams.base import Team
+from searchteam.teams.base import Team, TeamOptions
 from searchteam.teams.parsing import capped
 from searchteam.types import Passage, Question
 
@@ -64,10 +66,14 @@ class IRCoT(Team):
     name = "ircot"
     description = "IRCoT: interleave one chain-of-thought sentence with one retrieval per step."
     roles = ("reasoner", "answer")
-    option_names = ("max_passages",)
+
+    class Options(TeamOptions):
+        max_passages: int = Field(MAX_PASSAGES, ge=1, description="cap on the passages the reasoner reads")
+
+    options: Options
 
     async def run(self, q: Question, ctx: Context) -> str:
-        budget = int(self.settings.options.get("max_passages", MAX_PASSAGES))
+        budget = self.options.max_passages
         collected: dict[str, Passage] = {}
         self.collect(collected, await ctx.search(q.question, self.settings.top_k))  # step 1
         thoughts: list[str] = []

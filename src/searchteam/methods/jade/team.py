@@ -40,9 +40,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from pydantic import field_validator
 
 from searchteam.runtime.context import Context
-from searchteam.teams.base import Team, TeamSettings
+from searchteam.teams.base import Team, TeamOptions, TeamSettings
 from searchteam.teams.parsing import capped, last_tag, tag_pairs
 from searchteam.teams.selectors import (
     ANSWER_STOP,
@@ -59,7 +62,6 @@ ALIASES = {"RA": "R"}  # Table 1 calls the retriever RA, the planner prompt call
 DECOMPOSERS = ("QDS", "QDP")
 FALLBACK_WORKFLOW = ("R", "AG")
 MAX_SUBQUESTIONS = 4  # Appendix E.3/E.4: "max 4"
-DECOMPOSITION_SOURCES = ("planner", "given")
 # Episode meta the reward scheme (reward.py) reads: T, the planning rounds, and N_ret, the retrievals (Eq. 6).
 ROUNDS = "jade_rounds"
 RETRIEVALS = "jade_retrievals"
@@ -202,17 +204,23 @@ class Jade(Team):
         "JADE: a planner builds a workflow per sub-query (rewrite, decompose, retrieve, select, answer)."
     )
     roles = ("planner", "qr", "qds", "qdp", "ds", "ag", "as")
-    option_names = ("workflow", "decomposition")
+
+    class Options(TeamOptions):
+        workflow: str | None = None
+        decomposition: Literal["planner", "given"] = "planner"
+
+        @field_validator("workflow")
+        @classmethod
+        def _solving_workflow(cls, value: str | None) -> str | None:
+            fixed_workflow(value)  # raises with the reason the workflow cannot solve a node
+            return value
+
+    options: Options
 
     def __init__(self, settings: TeamSettings | None = None) -> None:
         super().__init__(settings)
-        self.fixed_workflow = fixed_workflow(self.settings.options.get("workflow"))
-        self.decomposition = self.settings.options.get("decomposition", "planner")
-        if self.decomposition not in DECOMPOSITION_SOURCES:
-            raise ValueError(
-                f"jade option 'decomposition' must be one of {', '.join(DECOMPOSITION_SOURCES)}, "
-                f"not {self.decomposition!r}"
-            )
+        self.fixed_workflow = fixed_workflow(self.options.workflow)
+        self.decomposition = self.options.decomposition
 
     async def run(self, q: Question, ctx: Context) -> str:
         trace = Trace.start(q.question)  # Alg. 1 lines 2-3

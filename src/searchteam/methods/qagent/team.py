@@ -40,15 +40,16 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
 
 from searchteam.runtime.context import Context
-from searchteam.teams.base import Team, TeamSettings, format_documents
+from searchteam.teams.base import Team, TeamOptions, TeamSettings, format_documents
 from searchteam.teams.parsing import capped, last_tag, tag_contents
 from searchteam.teams.transcript import Transcript, dedupe, information_block
 from searchteam.types import Passage, Question
 
-MODES = ("end_to_end", "submodule")
 AGENT_STOP = ("</search>", "</answer>")
 ANSWER_STOP = ("</answer>",)
 MAX_QUERIES = 3
@@ -105,20 +106,25 @@ class QAgent(Team):
     default_top_k = 1  # §4: "we retrieve 1 passage each query"
     roles = ("agent", "generator")
     model_names = ("generator",)
-    option_names = ("mode", "max_retries", "frozen_generator")
+
+    class Options(TeamOptions):
+        mode: Literal["end_to_end", "submodule"] = "end_to_end"
+        max_retries: int = Field(2, ge=0, description="malformed outputs answered with the retry prompt")
+        frozen_generator: bool = Field(True, description="false: the generator's turns are trainable")
+
+        @model_validator(mode="after")
+        def _unfrozen_needs_submodule(self) -> Self:
+            if not self.frozen_generator and self.mode != "submodule":
+                raise ValueError("qagent option 'frozen_generator: false' needs mode: submodule")
+            return self
+
+    options: Options
 
     def __init__(self, settings: TeamSettings | None = None) -> None:
         super().__init__(settings)
-        self.mode = self.settings.options.get("mode", "end_to_end")
-        if self.mode not in MODES:
-            raise ValueError(f"qagent option 'mode' must be one of {', '.join(MODES)}, not '{self.mode}'")
-        self.max_retries = int(self.settings.options.get("max_retries", 2))
-        frozen = self.settings.options.get("frozen_generator", True)
-        if not isinstance(frozen, bool):
-            raise ValueError(f"qagent option 'frozen_generator' must be true or false, not {frozen!r}")
-        if not frozen and self.mode != "submodule":
-            raise ValueError("qagent option 'frozen_generator: false' needs mode: submodule")
-        self.frozen_generator = frozen
+        self.mode = self.options.mode
+        self.max_retries = self.options.max_retries
+        self.frozen_generator = self.options.frozen_generator
 
     async def run(self, q: Question, ctx: Context) -> str:
         messages = self.chat("agent", question=q.question)

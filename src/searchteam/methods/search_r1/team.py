@@ -27,8 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from pydantic import Field
+
 from searchteam.runtime.context import Context
-from searchteam.teams.base import Team, TeamSettings
+from searchteam.teams.base import Team, TeamOptions, TeamSettings
 from searchteam.teams.parsing import tag_pairs
 from searchteam.teams.transcript import Transcript, information_block
 from searchteam.types import Message, Question
@@ -36,7 +38,6 @@ from searchteam.types import Message, Question
 ACTION_STOP = ("</search>", "</answer>")
 ACTION_TOKENS = 128
 ANSWER_TOKENS = 32
-PROMPTS = ("default", "paper")
 
 
 @dataclass(frozen=True)
@@ -66,16 +67,19 @@ class SearchR1(Team):
     )
     default_top_k = 3  # Search-R1 retrieves the top-3 passages per search
     roles = ("agent",)
-    option_names = ("prompt", "action_tokens", "answer_tokens")
+
+    class Options(TeamOptions):
+        prompt: Literal["default", "paper"] = Field("default", description="our chat prompt or the paper's")
+        action_tokens: int = Field(ACTION_TOKENS, ge=1, description="new tokens per action")
+        answer_tokens: int = Field(ANSWER_TOKENS, ge=1, description="new tokens of the forced answer")
+
+    options: Options
 
     def __init__(self, settings: TeamSettings | None = None) -> None:
         super().__init__(settings)
-        options = self.settings.options
-        self.prompt = str(options.get("prompt", "default"))
-        if self.prompt not in PROMPTS:
-            raise ValueError(f"search_r1 option prompt: '{self.prompt}' is not one of {', '.join(PROMPTS)}")
-        self.action_tokens = _positive(options, "action_tokens", ACTION_TOKENS)
-        self.answer_tokens = _positive(options, "answer_tokens", ANSWER_TOKENS)
+        self.prompt = self.options.prompt
+        self.action_tokens = self.options.action_tokens
+        self.answer_tokens = self.options.answer_tokens
 
     def messages(self, question: str) -> list[Message]:
         """The agent's prompt: our default chat, or Search-R1's template as its data scripts fill it."""
@@ -111,10 +115,3 @@ class SearchR1(Team):
         answer = await transcript.force_answer(ctx, "agent", messages, max_new_tokens=self.answer_tokens)
         ctx.snapshot({"action": "forced_answer"})
         return answer
-
-
-def _positive(options: dict[str, object], key: str, default: int) -> int:
-    value = options.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"search_r1 option {key}: {value!r} is not a positive number of tokens")
-    return value

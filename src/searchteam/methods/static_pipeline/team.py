@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import asyncio
 
+from pydantic import Field
+
 from searchteam.runtime.context import Context
-from searchteam.teams.base import Team
+from searchteam.teams.base import Team, TeamOptions
 from searchteam.teams.selectors import (
     ANSWER_STOP,
     ID_STOP,
@@ -45,10 +47,14 @@ class StaticPipeline(Team):
     name = "static_pipeline"
     description = "MMOA-RAG fixed graph: query rewriter → retrieval → document selector → answer generator."
     roles = ("qr", "ds", "ag")
-    option_names = ("max_queries",)
+
+    class Options(TeamOptions):
+        max_queries: int = Field(MAX_QUERIES, ge=1, description="queries the rewriter may write")
+
+    options: Options
 
     async def run(self, q: Question, ctx: Context) -> str:
-        limit = int(self.settings.options.get("max_queries", MAX_QUERIES))
+        limit = self.options.max_queries
         # Query Rewriter: the question becomes one or more searchable sub-queries.
         qr = await ctx.llm("qr", self.chat("qr", question=q.question), max_new_tokens=64)
         queries = queries_from(qr, q.question, limit)
