@@ -137,8 +137,13 @@ def _option_problem(method: str, model: type[TeamOptions], err: Any) -> str:
 
 
 def prompt_file(team: type[Team]) -> Path:
-    """The team's prompts: `prompts.yaml` in the folder of the module that defines it."""
-    return Path(sys.modules[team.__module__].__file__ or "").parent / "prompts.yaml"
+    """The team's prompts: `prompts.yaml` in the folder of the module that defines it, else of the nearest
+    base class that has one (a variant of a method's team, defined elsewhere, reads the method's prompts)."""
+    for cls in team.__mro__:
+        source = getattr(sys.modules.get(cls.__module__), "__file__", None)
+        if source and (path := Path(source).parent / "prompts.yaml").is_file():
+            return path
+    raise FileNotFoundError(f"team '{team.name}' has no prompts.yaml next to its module or a base class's")
 
 
 @cache
