@@ -174,8 +174,11 @@ def resolve_config_path(path: Path) -> Path:
 def shipped_recipes() -> dict[str, tuple[Path, str]]:
     """Every training recipe shipped with searchteam: its name `METHOD/MODEL-DEVICE[-VARIANT]` (what
     `--config` takes) → (its file, its purpose: the first comment line of its YAML header, or "")."""
-    paths = sorted(METHODS_DIR.glob("*/recipes/*.yaml"))
-    return {f"{p.parent.parent.name}/{p.name.removesuffix('.yaml')}": (p, _header_line(p)) for p in paths}
+    named = {
+        f"{p.parent.parent.name}/{p.name.removesuffix('.yaml')}": p
+        for p in METHODS_DIR.glob("*/recipes/*.yaml")
+    }
+    return {name: (path, _header_line(path)) for name, path in sorted(named.items())}
 
 
 def recipe_name(path: Path) -> str | None:
