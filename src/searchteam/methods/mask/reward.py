@@ -37,7 +37,7 @@ class MaskReward:
 
     Not in the paper: with `format_penalty` p > 0, a turn that broke its format (`parsed_ok` False) gets its
     reward − p (M-ASK has no format reward; without one, RL on this machine let the plan agent drop its
-    tags, docs/training.md)."""
+    tags, experiments/log.md)."""
 
     def __init__(self, options: MaskOptions) -> None:
         self.options = options
