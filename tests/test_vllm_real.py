@@ -21,7 +21,6 @@ import yaml
 
 URL = os.environ.get("SEARCHTEAM_VLLM_URL", "").rstrip("/")
 MODEL = "smollm2-135m"
-CONFIGS = Path(__file__).resolve().parent.parent / "src" / "searchteam" / "configs"
 # bf16 rounding (vLLM-CPU serves the fp32 checkpoint as bf16) moves fp32 logits by up to a few tenths of a
 # nat on this model (0.17 measured); a greedy token farther than this below the fp32 argmax is a real
 # difference (another prompt, adapter or sampling rule), not precision
@@ -171,8 +170,10 @@ def test_greedy_answers_are_the_hf_argmax_within_bf16_rounding(hf):
 
 
 def tiny_training_config(tmp_path: Path, recipe: str, **settings: Any) -> Path:
-    """A shipped CPU recipe cut down to a few short rollouts per step, rolling out on the server."""
-    config = yaml.safe_load((CONFIGS / f"{recipe}.yaml").read_text())
+    """A shipped CPU recipe (by name) cut down to a few short rollouts per step, rolling out on the server."""
+    from searchteam.config import shipped_recipes
+
+    config = yaml.safe_load(shipped_recipes()[recipe][0].read_text())
     config.update(
         backend="openai",
         base_url=URL,
@@ -181,7 +182,7 @@ def tiny_training_config(tmp_path: Path, recipe: str, **settings: Any) -> Path:
         **settings,
     )
     config["train"].update(gradient_checkpointing=False, dynamic_sampling=False, save_every=1)
-    path = tmp_path / f"{recipe}-tiny.yaml"
+    path = tmp_path / f"{recipe.replace('/', '-')}-tiny.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
