@@ -1,4 +1,4 @@
-"""The smoke table of docs/methods.md: every method on the smoke split with its defaults, one after another.
+"""The smoke tables of docs/results.md: every method on the smoke split with its defaults, one after another.
 
 Runs `searchteam eval --method M --split smoke` (the 90 smoke questions unless `--limit`) with the chosen
 model and backend into `--out/M`, resuming runs already there, and prints one markdown row per method:
