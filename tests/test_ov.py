@@ -1,18 +1,19 @@
 """The OpenVINO GenAI backend against the transformers one, on the real default model: the same prompt
 tokens, the same greedy tokens in fp32, runtime LoRA adapters equal to peft's merged model, per-role
-routing, stop strings, seeded sampling, the conversion cache and the `auto` choice."""
+routing, stop strings, seeded sampling, the conversion cache, the `auto` choice and a stalled engine."""
 
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from searchteam.llm import build_llm, resolve_backend
-from searchteam.llm.base import GenerationRequest, SamplingParams
-from searchteam.llm.ov import OVBackend, ov_supports
+from searchteam.llm.base import SHARED, GenerationRequest, SamplingParams
+from searchteam.llm.ov import EngineStalled, OVBackend, ov_supports
 
 pytest.importorskip("openvino_genai")
 
@@ -146,3 +147,20 @@ def test_engine_refuses_what_it_cannot_run(tmp_path):
         OVBackend(str(tmp_path))
     with pytest.raises(LLMError, match="gives no logprobs"):
         build_llm("smollm2-135m", backend="ov", logprobs=True)
+
+
+def test_a_stalled_engine_fails_its_call_and_every_later_one():
+    class IdlePipeline:
+        def generate(self, inputs, configs):
+            time.sleep(30)
+
+    backend = OVBackend("smollm2-135m", stall_seconds=0.5)
+    real = backend._pipelines[SHARED]
+    backend._pipelines[SHARED] = (IdlePipeline(), None)
+    with pytest.raises(EngineStalled, match="no progress"):
+        backend.generate(_requests())
+    backend._pipelines[SHARED] = real  # the stuck thread may hold the engine: never reuse it
+    started = time.monotonic()
+    with pytest.raises(EngineStalled):
+        backend.generate(_requests())
+    assert time.monotonic() - started < 1

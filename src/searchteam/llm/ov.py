@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
 from itertools import groupby
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -31,6 +34,17 @@ from searchteam.llm.models import PRESETS, resolve_model
 from searchteam.llm.ov_export import OV_EXTRA, OV_WHAT, openvino_model_dir
 from searchteam.paths import cache_dir
 
+T = TypeVar("T")
+
+# A generate call during which the process uses less than IDLE_CPU_SECONDS of CPU for this long has hung:
+# GenAI 2026.4 once sat idle in `generate` for good (0 % CPU) in the middle of an eval.
+STALL_SECONDS = 600.0
+IDLE_CPU_SECONDS = 1.0
+
+
+class EngineStalled(LLMError):
+    """The engine stopped making progress; its thread cannot be interrupted, so the backend is unusable."""
+
 
 def ov_supports(model: str) -> bool:
     """Whether OpenVINO GenAI is installed and `model` is one the ov backend runs."""
@@ -48,7 +62,8 @@ class OVBackend:
 
     `name` is a preset or a `searchteam train` checkpoint of one with LoRA adapters (one shared, or one per
     role, routed by `request.role`). `precision` is the converted weights' (int8 by default; fp32 computes
-    exactly what the `hf` backend computes, KV cache included). `cache_gb` sizes the KV cache."""
+    exactly what the `hf` backend computes, KV cache included). `cache_gb` sizes the KV cache. A generate
+    call during which the process stays idle for `stall_seconds` raises EngineStalled (see `watch_stall`)."""
 
     def __init__(
         self,
@@ -58,6 +73,7 @@ class OVBackend:
         seed: int | None = None,
         cache_gb: int = 1,
         prefix_caching: bool = True,
+        stall_seconds: float = STALL_SECONDS,
     ) -> None:
         from transformers import AutoTokenizer
 
@@ -72,6 +88,8 @@ class OVBackend:
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
         self._pipelines: dict[str, tuple[object, object | None]] = {}
+        self._stall_seconds = stall_seconds
+        self._stalled: EngineStalled | None = None
         self.set_adapters(adapters)
 
     def reseed(self, seed: int) -> None:
@@ -91,6 +109,8 @@ class OVBackend:
         results: dict[int, Completion] = {}
         order = sorted(range(len(requests)), key=lambda i: self._adapter_key(requests[i].role))
         with self._lock:
+            if self._stalled is not None:
+                raise self._stalled
             for key, group in groupby(order, key=lambda i: self._adapter_key(requests[i].role)):
                 idx = list(group)
                 outs = self._generate_group([requests[i] for i in idx], *self._pipelines[key])
@@ -127,7 +147,11 @@ class OVBackend:
         ]
         configs = [self._config(r, adapter_config) for r in requests]
         inputs = [ov.Tensor(np.asarray([ids], dtype=np.int64)) for ids in prompt_ids]
-        outputs = pipeline.generate(inputs, configs)
+        try:
+            outputs = watch_stall(lambda: pipeline.generate(inputs, configs), self._stall_seconds)
+        except EngineStalled as exc:
+            self._stalled = exc
+            raise
         eos = self._eos_ids()
         completions = []
         for ids, request, out in zip(prompt_ids, requests, outputs, strict=True):
@@ -155,6 +179,42 @@ class OVBackend:
 
     def _eos_ids(self) -> set[int]:
         return {self.tokenizer.eos_token_id}
+
+
+def watch_stall(
+    call: Callable[[], T], stall_seconds: float, poll_seconds: float = 5.0, idle_cpu: float = IDLE_CPU_SECONDS
+) -> T:
+    """`call()` in a daemon thread, watched: its result or exception, or EngineStalled once the process has
+    used less than `idle_cpu` seconds of CPU (all threads) over the last `stall_seconds` of the call. A
+    native engine call cannot be interrupted, so a stalled call's thread is left behind."""
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = call()
+        except BaseException as exc:  # handed to the caller's thread below
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run, name="ov-generate", daemon=True)
+    worker.start()
+    samples = deque([(time.monotonic(), time.process_time())])
+    while True:
+        worker.join(min(poll_seconds, stall_seconds / 4))
+        if not worker.is_alive():
+            break
+        now = (time.monotonic(), time.process_time())
+        samples.append(now)
+        while len(samples) > 2 and now[0] - samples[1][0] >= stall_seconds:  # the newest sample that old
+            samples.popleft()
+        wall, cpu = now[0] - samples[0][0], now[1] - samples[0][1]
+        if wall >= stall_seconds and cpu < idle_cpu:
+            raise EngineStalled(
+                f"the OpenVINO engine made no progress for {wall:.0f} s (idle inside generate, "
+                f"{cpu:.1f} s of CPU): a GenAI hang; rerun the command, runs resume where they stopped"
+            )
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["result"]  # type: ignore[return-value]
 
 
 def generation_config(
