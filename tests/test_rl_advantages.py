@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import get_args
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ from searchteam.rl.advantages import (
     register_adv_est,
     whiten,
 )
-from searchteam.rl.config import Estimator, TrainConfig
+from searchteam.rl.config import TrainConfig
 from searchteam.rl.experience import Sample
 from searchteam.rl.trainer import lr_multiplier
 
@@ -205,8 +204,17 @@ def test_credit_stats_report_each_roles_mean_return_and_advantage():
     }
 
 
-def test_every_estimator_a_config_can_name_is_registered():
-    assert adv_estimator_names() == sorted(get_args(Estimator))
+def test_a_config_names_estimators_from_the_registry(monkeypatch: pytest.MonkeyPatch):
+    assert adv_estimator_names() == ["gae", "grpo", "role_grpo"]
+    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'; registered: gae, grpo"):
+        TrainConfig(estimator="ppo")
+    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'"):
+        TrainConfig(role_estimators={"searcher": {"estimator": "ppo"}})
+    monkeypatch.setitem(_ESTIMATORS, "ppo", AdvantageEstimator("ppo", lambda s, o, c: None, False, None))
+    assert TrainConfig(estimator="ppo").estimator == "ppo"  # a registered estimator needs no config edit
+
+
+def test_the_registry_refuses_unknown_and_duplicate_names():
     assert get_adv_estimator("gae").critic and get_adv_estimator("role_grpo").by_role
     with pytest.raises(
         ValueError, match="unknown advantage estimator 'ppo'; registered: gae, grpo, role_grpo"

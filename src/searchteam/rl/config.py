@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-Estimator = Literal["gae", "grpo", "role_grpo"]
+
+def _registered_estimator(name: str) -> str:
+    from searchteam.rl.advantages import get_adv_estimator  # it imports this module
+
+    get_adv_estimator(name)  # unknown: ValueError naming the registered ones
+    return name
+
+
+Estimator = Annotated[str, AfterValidator(_registered_estimator)]  # a name in rl.advantages' registry
 Schedule = Literal["constant", "linear", "cosine"]
 LossAgg = Literal["token_mean", "seq_mean"]
 RatioLevel = Literal["token", "sequence"]
