@@ -125,7 +125,7 @@ def make_rollout(policy, questions: list[Question], group_size: int, action_toke
     sampling = Sampling(temperature=1.0, top_p=1.0, max_new_tokens=action_tokens)
 
     def rollout(step: int, attempt: int = 0) -> list[Episode]:
-        copies = [q.model_copy(update={"meta": {"replica": r}}) for q in questions for r in range(group_size)]
+        copies = [q.model_copy() for q in questions for _ in range(group_size)]
         backends = make_backends({"policy": backend}, OverlapRetriever(), max_batch=len(copies))
         policy.model.eval()
         episodes, _ = asyncio.run(

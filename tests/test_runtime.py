@@ -86,6 +86,26 @@ async def test_team_bug_is_recorded_but_backend_failure_stops_the_run():
         await run_episodes(team.run, "direct", questions(3), backends, Sampling(), progress=False)
 
 
+async def test_episodes_come_back_in_the_order_of_the_questions():
+    async def later_ones_finish_first(q: Question, ctx) -> str:
+        await asyncio.sleep(0.01 * (5 - int(q.id[1:])))
+        return q.id
+
+    finished: list[str] = []
+    backends = make_backends({}, None)
+    episodes, _ = await run_episodes(
+        later_ones_finish_first,
+        "direct",
+        questions(5),
+        backends,
+        Sampling(),
+        progress=False,
+        on_episode=lambda e: finished.append(e.answer),
+    )
+    assert finished == ["q4", "q3", "q2", "q1", "q0"]
+    assert [e.answer for e in episodes] == ["q0", "q1", "q2", "q3", "q4"]
+
+
 def test_unclosed_answer_tag_is_flagged_and_falls_back():
     # direct prefills "<answer>", so a reply that never closes it is an unclosed tag
     llm = ScriptedLLM(lambda req: "The answer is Paris. It is big.")

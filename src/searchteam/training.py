@@ -274,11 +274,7 @@ def make_rollout(
         torch.manual_seed(seed)
         if hasattr(backend, "reseed"):
             backend.reseed(seed)
-        copies = [
-            q.model_copy(update={"meta": {**q.meta, "replica": r}})
-            for q in batch
-            for r in range(cfg.group_size)
-        ]
+        copies = [q.model_copy() for q in batch for _ in range(cfg.group_size)]
         backends = make_backends({"policy": backend, **extra}, retriever, max_batch=cfg.batch_size)
         policy.model.eval()
         episodes, _ = asyncio.run(
@@ -294,9 +290,7 @@ def make_rollout(
                 training=True,
             )
         )
-        position = {(q.id, q.meta["replica"]): i for i, q in enumerate(copies)}
-        episodes.sort(key=lambda e: position[(e.question.id, e.question.meta["replica"])])
-        for episode in episodes:
+        for episode in episodes:  # in the order of `copies`: each question's group together
             episode.group_id = episode.question.id
         return episodes
 

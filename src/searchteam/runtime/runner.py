@@ -74,28 +74,29 @@ async def run_episodes(
     A failing episode (a bug in a team, say) is recorded with its error and the run goes on; a dead
     backend (LLMError, RetrievalError) stops the run, since every other episode would fail the same way.
     Each finished episode is handed to `on_episode` at once, so callers can persist it incrementally;
-    each turn to `on_turn` as it is recorded, so callers can show the team at work."""
+    each turn to `on_turn` as it is recorded, so callers can show the team at work. The episodes come
+    back in the order of `questions`."""
     questions = list(questions)
     limit = asyncio.Semaphore(concurrency)
-    episodes: list[Episode] = []
+    episodes: list[Episode | None] = [None] * len(questions)
     stats = RunStats()
     started = time.perf_counter()
 
     with progress_bar(progress and len(questions) > 1) as bar:
         task = bar.add_task(method, total=len(questions))
 
-        async def one(q: Question) -> None:
+        async def one(position: int, q: Question) -> None:
             async with limit:
                 episode = await run_episode(
                     team_run, method, q, backends, sampling, model_name, training, on_turn
                 )
-            episodes.append(episode)
+            episodes[position] = episode
             if on_episode:
                 on_episode(episode)
             bar.advance(task)
 
         try:
-            await asyncio.gather(*(one(q) for q in questions))
+            await asyncio.gather(*(one(i, q) for i, q in enumerate(questions)))
         finally:
             for batcher in [*backends.llms.values(), backends.search]:
                 if batcher is not None:
@@ -103,8 +104,9 @@ async def run_episodes(
     stats.wall_seconds = time.perf_counter() - started
     stats.llm_busy_seconds = sum(b.stats.busy_seconds for b in backends.llms.values())
     stats.search_busy_seconds = backends.search.stats.busy_seconds if backends.search else 0.0
-    stats.episodes = len(episodes)
-    return episodes, stats
+    finished = [e for e in episodes if e is not None]  # all of them: a failure raised above
+    stats.episodes = len(finished)
+    return finished, stats
 
 
 async def run_episode(
