@@ -312,3 +312,32 @@ def test_page_in_headless_chromium(runs, tmp_path):
         browser.close()
     assert shot.stat().st_size > 10_000
     assert (runs[0] / "results.jsonl").read_bytes() == (tmp_path / "a-results.jsonl").read_bytes()
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (apt-get)")
+def test_page_shows_what_the_trainer_reads_of_a_turn(tmp_path):
+    """A DAC-like rollout: a frozen turn, a hard-positive subgroup, a continued trajectory with a masked
+    environment span and an SFT target appear on the turn, not only in its raw record."""
+    run_dir = write_train_run(tmp_path / "train")
+    record = json.loads((run_dir / "rollouts.jsonl").read_text().splitlines()[0])
+    record["turns"] = [
+        turn("searcher", 0, "<search>Thomas Mann</search>", continuation_chars=42, env_spans=[[10, 30]]),
+        turn("generator", 1, "<answer>Paris</answer>", subgroup="hard_positive", sft_target="Lübeck"),
+        turn("reader", 2, "Paris", frozen=True),
+    ]
+    (run_dir / "rollouts.jsonl").write_text(json.dumps(record) + "\n")
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    with serve_on_loopback(create_app([run_dir])) as api, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        page.goto(api.removesuffix("/v1") + "/")
+        page.locator("#tbody tr").first.click()
+        page.wait_for_selector(".col table.case tbody tr")
+        rows = page.locator(".col table.case tbody tr.turn")
+        assert "continues 42 chars" in rows.nth(0).inner_text()
+        assert rows.nth(0).get_by_text("continues 42 chars").get_attribute("title") == (
+            "1 environment span(s) masked out of the loss"
+        )
+        assert "group hard_positive" in rows.nth(1).inner_text() and "SFT target" in rows.nth(1).inner_text()
+        assert "frozen" in rows.nth(2).inner_text() and "frozen" not in rows.nth(1).inner_text()
+        browser.close()
