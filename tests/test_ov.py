@@ -1,10 +1,12 @@
 """The OpenVINO GenAI backend against the transformers one, on the real default model: the same prompt
 tokens, the same greedy tokens in fp32, runtime LoRA adapters equal to peft's merged model, per-role
-routing, stop strings, seeded sampling, the conversion cache, the `auto` choice and a stalled engine."""
+routing, stop strings, seeded sampling, the conversion cache, the `auto` choice, a stalled engine and the
+one-thread sampler."""
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 
@@ -164,3 +166,23 @@ def test_a_stalled_engine_fails_its_call_and_every_later_one():
     with pytest.raises(EngineStalled):
         backend.generate(_requests())
     assert time.monotonic() - started < 1
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="GenAI's default sampler pool is one thread here")
+def test_pipelines_sample_on_one_thread(ov_fp32):
+    """GenAI's sampler pool (one thread per core by default) can deadlock on its shared detokenizer
+    queue while matching stop strings; a backend's pipeline gets a pool of one."""
+    import openvino_genai as ov_genai
+
+    def threads_added(build) -> int:
+        before = len(os.listdir("/proc/self/task"))
+        pipeline = build()
+        added = len(os.listdir("/proc/self/task")) - before
+        del pipeline
+        return added
+
+    default = threads_added(
+        lambda: ov_genai.ContinuousBatchingPipeline(str(ov_fp32.model_dir), ov_genai.SchedulerConfig(), "CPU")
+    )
+    ours = threads_added(lambda: ov_fp32._pipeline(None))
+    assert default - ours == os.cpu_count() - 1

@@ -36,8 +36,11 @@ from searchteam.paths import cache_dir
 
 T = TypeVar("T")
 
-# A generate call during which the process uses less than IDLE_CPU_SECONDS of CPU for this long has hung:
-# GenAI 2026.4 once sat idle in `generate` for good (0 % CPU) in the middle of an eval.
+# GenAI's sampler matches stop strings on a pool of threads that share the detokenizer through a queue
+# (CircularBufferQueue) with a lost-wakeup race: a thread can wait forever for an element given back at the
+# wrong moment, and `generate` then sits idle for good. One sampler thread never contends for it.
+SAMPLER_THREADS = 1
+# A generate call during which the process uses less than IDLE_CPU_SECONDS of CPU for this long has hung.
 STALL_SECONDS = 600.0
 IDLE_CPU_SECONDS = 1.0
 
@@ -126,7 +129,7 @@ class OVBackend:
         scheduler = ov_genai.SchedulerConfig()
         scheduler.cache_size = self._cache_gb
         scheduler.enable_prefix_caching = self._prefix_caching
-        properties: dict[str, object] = {}
+        properties: dict[str, object] = {"sampler_num_threads": SAMPLER_THREADS}
         if self.precision == "fp32":
             properties.update(INFERENCE_PRECISION_HINT="f32", KV_CACHE_PRECISION="f32")
         adapter_config = None
