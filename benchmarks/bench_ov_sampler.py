@@ -26,15 +26,11 @@ def decode_rate(backend: OVBackend, pipeline, n: int, salt: str) -> float:
     import openvino as ov
 
     tok = backend.tokenizer
-    prompts = [
-        tok(
-            render_chat(
-                tok, GenerationRequest([{"role": "user", "content": f"Tell a story #{salt}-{i}."}], SAMPLING)
-            ),
-            add_special_tokens=False,
-        )["input_ids"]
+    requests = [
+        GenerationRequest([{"role": "user", "content": f"Tell a story #{salt}-{i}."}], SAMPLING)
         for i in range(n)
     ]
+    prompts = [tok(render_chat(tok, r), add_special_tokens=False)["input_ids"] for r in requests]
     inputs = [ov.Tensor(np.asarray([ids], dtype=np.int64)) for ids in prompts]
     config = generation_config(SAMPLING, tok.eos_token_id, {tok.eos_token_id}, None)
     config.ignore_eos = True  # every sequence decodes all 96 tokens
