@@ -74,7 +74,7 @@ def config(scenario: str) -> TrainConfig:
         steps=2,
         lr=5e-2,
         micro_batch_size=2,
-        grad_accum=1,
+        mini_batch_size=4,
         lora_r=4,
         lora_alpha=8,
         lora_targets=["q_proj", "v_proj"],
@@ -88,7 +88,7 @@ def config(scenario: str) -> TrainConfig:
         "critic_sft": {"estimator": "gae", "sft_coef": 0.5, "whiten_advantages": True, "gamma": 0.9},
         "separate_full": {"estimator": "gae", "critic": "separate", "full_ft": True, "lr": 1e-3},
         "critic_checkpointed": {"estimator": "gae", "critic": "separate", "gradient_checkpointing": True},
-        "equivalence": {"steps": 1, "grad_accum": 8, "max_grad_norm": 1e6, "lr": 1e-2},
+        "equivalence": {"steps": 1, "mini_batch_size": 6, "max_grad_norm": 1e6, "lr": 1e-2},
     }
     return TrainConfig(**(base | extra[scenario]))
 
@@ -129,7 +129,7 @@ def warm_start(tok, rank: int) -> WarmStart:
             for i in range(2 if rank == 0 else 6)
         ]
 
-    cfg = WarmStartConfig(rounds=1, epochs=1, lr=1e-2, micro_batch_size=1, grad_accum=2)
+    cfg = WarmStartConfig(rounds=1, epochs=1, lr=1e-2, micro_batch_size=1, mini_batch_size=4)
     return WarmStart(cfg, collect, lambda episode: 1.0)
 
 

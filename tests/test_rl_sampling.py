@@ -85,7 +85,7 @@ def test_sft_target_adds_a_likelihood_sample(tokenizer, tmp_path: Path):
         eps[1].turns[0].sft_target = target
         return eps
 
-    cfg = config(steps=1, estimator="grpo", sft_coef=0.05, micro_batch_size=4, grad_accum=1)
+    cfg = config(steps=1, estimator="grpo", sft_coef=0.05, micro_batch_size=4, mini_batch_size=4)
     policy = build_policy(tiny_model(tokenizer), tokenizer, cfg)
     before = {k: v.clone() for k, v in policy.trainable_state_dict().items()}
     (record,) = Trainer(policy, rollout, reward_paris, cfg, tmp_path).train()

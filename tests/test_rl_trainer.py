@@ -61,7 +61,7 @@ def config(**overrides) -> TrainConfig:
         steps=2,
         lr=5e-2,
         micro_batch_size=2,
-        grad_accum=2,
+        mini_batch_size=4,
         lora_r=4,
         lora_alpha=8,
         lora_targets=["q_proj", "v_proj"],
@@ -279,7 +279,7 @@ def fresh_accelerator_state():
 
 def one_update_config(**overrides) -> TrainConfig:
     """Every step's 8 samples in one micro-batch: one optimizer step per training step."""
-    return config(**({"micro_batch_size": 8, "grad_accum": 1} | overrides))
+    return config(**({"micro_batch_size": 8, "mini_batch_size": 8} | overrides))
 
 
 def test_fp16_grad_scaler_skips_an_inf_step_and_trains_on(tokenizer, tmp_path: Path, fresh_accelerator_state):

@@ -151,7 +151,7 @@ def scripted_stage(tokenizer, rounds: int, calls: list[int]) -> WarmStart:  # no
     def score(episode: Episode) -> float:
         return float(episode.answer == "Paris")
 
-    cfg = WarmStartConfig(rounds=rounds, epochs=4, lr=1e-2, micro_batch_size=2, grad_accum=1)
+    cfg = WarmStartConfig(rounds=rounds, epochs=4, lr=1e-2, micro_batch_size=2, mini_batch_size=2)
     return WarmStart(cfg, collect, score)
 
 

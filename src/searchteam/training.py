@@ -18,7 +18,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from searchteam.config import ConfigError, RunConfig, load_config, recipe_name, resolve_config_path
 from searchteam.data.benchmark import load_benchmark, load_questions
@@ -46,7 +46,9 @@ class TrainRunConfig(RunConfig):
     """A run config plus what training adds: group sampling, the reward scheme's options, the RL knobs."""
 
     split: str = "train"
-    temperature: float = Field(1.0, ge=0.0, le=5.0)
+    temperature: float = Field(
+        1.0, ge=0.0, le=5.0, description="the rollouts' sampling temperature; the trainer scores the same"
+    )
     group_size: int = Field(4, ge=1, description="rollouts per question (G of GRPO)")
     questions_per_step: int = Field(4, ge=1)
     reward: dict[str, Any] = Field(default_factory=dict, description="options of the method's reward scheme")
@@ -63,6 +65,29 @@ class TrainRunConfig(RunConfig):
         "RUN/warm_start/round-NN) or a shipped adapter's name (`searchteam models`); the critic starts fresh",
     )
     train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @field_validator("temperature")
+    @classmethod
+    def _sampled(cls, temperature: float) -> float:
+        if temperature == 0:
+            raise ValueError(
+                "temperature 0 (greedy) cannot train: every rollout of a question is the same, so every "
+                "advantage is 0; sample at a temperature > 0 (the papers use 1.0)"
+            )
+        return temperature
+
+    @model_validator(mode="after")
+    def _one_temperature_and_seed(self) -> TrainRunConfig:
+        """The rollouts' temperature and seed are the trainer's: set once, at the top level."""
+        for name in ("temperature", "seed"):
+            mine, trainers = getattr(self, name), getattr(self.train, name)
+            if name in self.train.model_fields_set and trainers != mine:
+                raise ValueError(
+                    f"train.{name} ({trainers}) differs from {name} ({mine}): set {name} once, at the top "
+                    "level; the rollouts use it and so does the trainer"
+                )
+        self.train = self.train.model_copy(update={"temperature": self.temperature, "seed": self.seed})
+        return self
 
     @field_validator("top_p")
     @classmethod

@@ -2,10 +2,11 @@
 
 A causal LM's logits over a whole batch cost B·T·V floats (49k-152k vocabulary): for a batch of long
 agent prompts that is gigabytes. Only the completion positions are needed, so we run the decoder, pick
-the hidden states at those positions and project just them through the LM head, in fp32 (a bf16 logit
-of magnitude 20 is only good to ±0.06) and a fixed chunk of positions at a time: the forward pass holds one
-chunk's logits, and the backward pass recomputes each chunk's logits (activation checkpointing) instead of
-keeping B·C·V floats alive. The entropy of the next-token distribution is computed only when asked for.
+the hidden states at those positions (only the trained ones, given a mask) and project just them through
+the LM head, in fp32 (a bf16 logit of magnitude 20 is only good to ±0.06; the head's weight is cast once
+per pass) and a fixed chunk of positions at a time: the forward pass holds one chunk's logits, and the
+backward pass recomputes each chunk's logits (activation checkpointing) instead of keeping B·C·V floats
+alive. The entropy of the next-token distribution is computed only when asked for.
 This holds for decoder-only models whose logits are `lm_head(last_hidden_state)` (Llama, Qwen, SmolLM,
 Mistral); models that rescale or soft-cap logits after the head are not supported.
 """
@@ -21,6 +22,7 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 EntropyMode = Literal["none", "detached", "grad"]
+Weights = tuple[torch.Tensor, torch.Tensor | None]
 
 # Positions projected at once: 256 × 151936 (Qwen's vocabulary) fp32 logits are 156 MB.
 CHUNK_POSITIONS = 256
@@ -99,9 +101,11 @@ def projected_stats(
     keep = None if mask is None else mask.reshape(-1).nonzero().squeeze(-1)
     if keep is not None:
         flat_hidden, flat_tokens = flat_hidden[keep], flat_tokens[keep]
+    weights = fp32_weights(head) if isinstance(head, nn.Linear) else None  # cast once, not per chunk
     pieces = [
         _chunk(
             head,
+            weights,
             flat_hidden[i : i + chunk_positions],
             flat_tokens[i : i + chunk_positions],
             temperature,
@@ -118,21 +122,31 @@ def projected_stats(
 
 
 def _chunk(
-    head: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float, entropy: EntropyMode
+    head: nn.Module,
+    weights: Weights | None,
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float,
+    entropy: EntropyMode,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One chunk's stats; under autograd its logits are recomputed at backward time, not stored."""
     needs_grad = torch.is_grad_enabled() and (
         hidden.requires_grad or any(p.requires_grad for p in head.parameters())
     )
     if not needs_grad:
-        return _stats(head, hidden, tokens, temperature, entropy)
-    return checkpoint(_stats, head, hidden, tokens, temperature, entropy, use_reentrant=False)
+        return _stats(head, weights, hidden, tokens, temperature, entropy)
+    return checkpoint(_stats, head, weights, hidden, tokens, temperature, entropy, use_reentrant=False)
 
 
 def _stats(
-    head: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float, entropy: EntropyMode
+    head: nn.Module,
+    weights: Weights | None,
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float,
+    entropy: EntropyMode,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    logits = fp32_logits(head, hidden)
+    logits = fp32_logits(head, hidden, weights)
     if temperature != 1.0:
         logits.div_(temperature)  # in place: the projection does not keep its output for backward
     logprobs = logits.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
@@ -142,13 +156,19 @@ def _stats(
         return logprobs, token_entropy(logits)
 
 
-def fp32_logits(head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+def fp32_weights(head: nn.Linear) -> Weights:
+    """A linear head's weight and bias in fp32 (the tensors themselves when they already are)."""
+    return head.weight.float(), None if head.bias is None else head.bias.float()
+
+
+def fp32_logits(head: nn.Module, hidden: torch.Tensor, weights: Weights | None = None) -> torch.Tensor:
     """head(hidden) computed in fp32 whatever the weights' dtype or an enclosing autocast: bf16 × bf16
-    products are exact in fp32, so this equals the full-precision logits of the bf16 model."""
+    products are exact in fp32, so this equals the full-precision logits of the bf16 model. `weights`: a
+    linear head's `fp32_weights`, cast beforehand."""
     with torch.autocast(hidden.device.type, enabled=False):
         if isinstance(head, nn.Linear):
-            bias = None if head.bias is None else head.bias.float()
-            return F.linear(hidden.float(), head.weight.float(), bias)
+            weight, bias = weights or fp32_weights(head)
+            return F.linear(hidden.float(), weight, bias)
         weight = next(head.parameters())  # a wrapped head (e.g. a LoRA layer): run it, upcast the output
         return head(hidden.to(weight.dtype)).float()
 

@@ -28,6 +28,16 @@ CHECKPOINTS = "checkpoints"  # checkpoints/step-NNNNNN, in the run directory
 WARM_START = "warm_start"  # warm_start/round-NN (policy after each round), kept.jsonl, log.jsonl
 
 
+def _refuse_grad_accum(data: Any) -> Any:
+    """`grad_accum` counted micro-batches per process, so its optimizer step grew with the processes."""
+    if isinstance(data, dict) and "grad_accum" in data:
+        raise ValueError(
+            "grad_accum is replaced by mini_batch_size, the samples per optimizer step over all processes: "
+            "set mini_batch_size: micro_batch_size × grad_accum × processes"
+        )
+    return data
+
+
 class RoleEstimator(BaseModel):
     """The advantage estimator of one role and its options; unset options take the run's values."""
 
@@ -72,8 +82,15 @@ class WarmStartConfig(BaseModel):
     )
     epochs: int = Field(2, ge=1, description="passes over the kept turns per round")
     lr: float = Field(1e-4, gt=0.0)
-    micro_batch_size: int = Field(4, ge=1)
-    grad_accum: int = Field(4, ge=1, description="micro-batches per optimizer step")
+    micro_batch_size: int = Field(4, ge=1, description="samples per forward pass, at most")
+    mini_batch_size: int = Field(
+        16, ge=1, description="samples per optimizer step over all processes, at most (see TrainConfig)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_grad_accum(cls, data: Any) -> Any:
+        return _refuse_grad_accum(data)
 
 
 class TrainConfig(BaseModel):
@@ -105,7 +122,12 @@ class TrainConfig(BaseModel):
     loss_agg: LossAgg = "token_mean"
     kl_coef: float = Field(0.0, ge=0.0, description="β of the KL penalty to the frozen initial policy")
     kl_estimator: KLEstimator = "k3"
-    temperature: float = Field(1.0, gt=0.0, description="rollout temperature, applied to training logits")
+    temperature: float = Field(
+        1.0,
+        gt=0.0,
+        description="the rollouts' sampling temperature, applied to the training logits (a `searchteam "
+        "train` run sets it from its top-level `temperature`)",
+    )
     old_logprobs: Literal["recompute", "rollout"] = Field(
         "recompute",
         description="π_old: recompute with the policy before updating (exact), or reuse the sampling "
@@ -152,14 +174,26 @@ class TrainConfig(BaseModel):
     schedule: Schedule = "constant"
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
     ppo_epochs: int = Field(1, ge=1)
-    micro_batch_size: int = Field(4, ge=1)
-    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    mini_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="samples per optimizer step over all processes, at most: a batch of N samples takes "
+        "ceil(N / mini_batch_size) optimizer steps per epoch, whatever the number of processes; unset: "
+        "the whole batch, one optimizer step per epoch",
+    )
+    micro_batch_size: int = Field(4, ge=1, description="samples per forward pass, at most")
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="padded tokens per forward pass (samples × longest sample), at most: micro-batches "
+        "of short samples hold more of them; a longer sample goes alone; unset: no token budget",
+    )
     merge_continuations: bool = Field(False, description="one trajectory sample per continued message")
     # run
     steps: int = Field(100, ge=0, description="RL steps (one rollout batch each); 0: the warm start only")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
     keep_checkpoints: int = Field(0, ge=0, description="keep the newest N checkpoints (0: all)")
-    seed: int = 0
+    seed: int = Field(0, description="a `searchteam train` run sets it from its top-level `seed`")
     tensorboard: bool = Field(
         True, description="TensorBoard curves under RUN/tensorboard when the run sets no report_to"
     )
@@ -170,6 +204,11 @@ class TrainConfig(BaseModel):
         description="several processes: how long a collective waits for the slowest rank (its rollouts) "
         "before the run fails instead of hanging",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_grad_accum(cls, data: Any) -> Any:
+        return _refuse_grad_accum(data)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

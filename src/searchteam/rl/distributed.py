@@ -1,6 +1,6 @@
 """The trainer's processes: the accelerator a run creates first, and the collectives that keep several
-processes in lockstep (summed counts, slowest timings, padded micro-batch schedules, whitening over every
-process's advantages). With one process each collective returns its own values."""
+processes in lockstep (summed counts, slowest timings, whitening over every process's advantages). With one
+process each collective returns its own values."""
 
 from __future__ import annotations
 
@@ -97,20 +97,6 @@ def mean_over_ranks(values: dict[str, list[float]]) -> dict[str, float]:
         for key, vals in part.items():
             merged[key] += vals
     return {key: float(np.mean(vals)) for key, vals in merged.items()}
-
-
-def in_lockstep(
-    accelerator: Accelerator, chunks: list[list[Sample]], accum: int
-) -> list[list[list[Sample] | None]]:
-    """Optimizer steps of `accum` micro-batches, as many steps of as many micro-batches on every
-    process: every DDP backward is a collective that each process must join, so a process with fewer
-    micro-batches than the longest pads with zero-weight ones (None)."""
-    longest = len(chunks)
-    if accelerator.num_processes > 1:
-        counts = accelerator.gather(torch.tensor([len(chunks)], device=accelerator.device))
-        longest = int(counts.max())
-    padded: list[list[Sample] | None] = [*chunks, *[None] * (longest - len(chunks))]
-    return [padded[i : i + accum] for i in range(0, longest, accum)]
 
 
 def whiten_over_ranks(accelerator: Accelerator, samples: list[Sample], config: TrainConfig) -> None:

@@ -20,8 +20,9 @@ from accelerate.utils import gather_object
 from searchteam.paths import atomic_dir
 from searchteam.progress import progress_bar
 from searchteam.rl import warm_start as ws
+from searchteam.rl.batching import slots_of
 from searchteam.rl.config import WARM_START, TrainConfig
-from searchteam.rl.distributed import in_lockstep, mean_over_ranks
+from searchteam.rl.distributed import mean_over_ranks
 from searchteam.rl.run_log import RunLog, truncate_jsonl
 from searchteam.rl.update import Optimizer, PolicyUpdater
 from searchteam.types import Episode
@@ -93,7 +94,7 @@ class ExpertIteration:
 
     def _fine_tune(self, episodes: list[Episode], optimizer: Optimizer, round_index: int) -> dict[str, float]:
         """`epochs` shuffled passes of likelihood training over every parsed policy turn of `episodes` (the
-        same on every process; each process trains its share of the micro-batches)."""
+        same on every process; each process trains its share of each mini-batch)."""
         cfg = self.stage.config
         policy, updater = self.updater.policy, self.updater
         samples = ws.likelihood_samples(episodes, policy.tokenizer, self.config.roles or None)
@@ -103,11 +104,11 @@ class ExpertIteration:
         with progress_bar(self.accelerator.is_main_process, "{task.description}: fine-tune") as bar:
             task = bar.add_task(f"warm-start round {round_index}", total=None)
             for epoch in range(cfg.epochs if samples else 0):
-                seed = self.config.seed * 1_000_003 + round_index * 1009 + epoch + 500_009  # apart from RL's
-                order = torch.Generator().manual_seed(seed)
-                chunks = updater.micro_batches(samples, order, cfg.micro_batch_size)
-                mine = chunks[self.accelerator.process_index :: self.accelerator.num_processes]
-                minibatches = in_lockstep(self.accelerator, mine, cfg.grad_accum)
+                order = updater.generator(round_index, epoch, offset=500_009)  # apart from RL's shuffles
+                everyone = slots_of(samples, per_role=policy.mode == "role_lora")
+                minibatches = updater.schedule(
+                    samples, everyone, order, cfg.mini_batch_size, cfg.micro_batch_size, replicated=True
+                )
                 bar.update(task, total=cfg.epochs * len(minibatches))  # same every epoch
                 for minibatch in minibatches:
                     ok, step_stats = updater.optimizer_step(minibatch, optimizer, 1.0)

@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from searchteam.llm.logprobs import EntropyMode, chosen_token_logprobs, chosen_token_stats
+from searchteam.llm.logprobs import EntropyMode, chosen_token_stats
 from searchteam.rl.config import Critic, TrainConfig
 from searchteam.rl.experience import Batch
 
@@ -103,6 +103,13 @@ class Policy(nn.Module):
                 param.requires_grad_(False)
         return names
 
+    @property
+    def deterministic(self) -> bool:
+        """Whether a training-mode forward pass computes what an evaluation one does (no dropout), so that
+        the first optimizer step's own logprobs are π_old's."""
+        dropout = any(isinstance(m, nn.Dropout) and m.p > 0 for m in self.modules())
+        return not dropout and not getattr(self.model.config, "attention_dropout", 0.0)
+
     def activate(self, role: str | None) -> None:
         """Select the adapter that generates and is trained for `role` (no-op unless per-role LoRA)."""
         if self.mode != "role_lora":
@@ -168,12 +175,14 @@ class Policy(nn.Module):
         value_index: torch.Tensor,
         entropy: EntropyMode = "none",
         critic: bool = True,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Per-token logprobs [B, C] of the completion tokens (temperature-scaled, as sampled), with a
         critic head the value [B] of each turn's observation (unless `critic=False`: SFT micro-batches),
-        and on request the per-token entropy [B, C] of the sampling distribution (`chosen_token_stats`)."""
+        and on request the per-token entropy [B, C] of the sampling distribution (`chosen_token_stats`).
+        Where `mask` [B, C] (the loss mask) is 0, both are 0 and cost no projection."""
         out = chosen_token_stats(
-            self.model, input_ids, attention_mask, target_index, self.temperature, entropy=entropy
+            self.model, input_ids, attention_mask, target_index, self.temperature, entropy=entropy, mask=mask
         )
         if self.value_head is None or not critic:
             return out.logprobs, None, out.entropy
@@ -201,10 +210,15 @@ class Policy(nn.Module):
         else:
             model, disabled = self.model, self.model.disable_adapter()
         with disabled:
-            logprobs, _ = chosen_token_logprobs(
-                model, batch.input_ids, batch.attention_mask, batch.target_index, self.temperature
+            out = chosen_token_stats(
+                model,
+                batch.input_ids,
+                batch.attention_mask,
+                batch.target_index,
+                self.temperature,
+                mask=batch.loss_mask,
             )
-        return logprobs
+        return out.logprobs
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Every trained tensor (all adapters, or all weights, plus the critic head), detached copies."""

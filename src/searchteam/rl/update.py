@@ -1,25 +1,30 @@
 """The RL step's update of the policy: score the step's samples (old, reference and critic values), fill
-their advantages with the registered estimators, then `ppo_epochs` passes of clipped-surrogate updates
-over shuffled micro-batches, with gradients accumulated over `grad_accum` of them, clipped, and applied
-only when finite. The warm start's likelihood fine-tuning takes the same optimizer steps on SFT samples.
+their advantages with the registered estimators, then `ppo_epochs` passes of clipped-surrogate updates,
+one optimizer step per mini-batch (`searchteam.rl.batching`), each parameter group's gradient clipped on
+its own and applied only when finite. The first optimizer step needs no scoring pass for π_old: its
+weights are still π_old's. The warm start's likelihood fine-tuning takes the same optimizer steps on SFT
+samples.
 
-Under several processes each process updates on its own samples and all stay in lockstep: they agree on
-the number of micro-batches of every optimizer step (padding with zero-weight ones) and normalize the loss
-by the counts of all processes, so that W processes compute the single-process loss on the union of their
-data (`searchteam.rl.distributed`)."""
+Under several processes each process updates on its own samples and all stay in lockstep: they plan the
+same mini-batches over every process's samples, take as many micro-batches per optimizer step (padding with
+zero-weight ones) and normalize the loss by the counts of all processes, so that W processes compute the
+single-process loss on the union of their data (`searchteam.rl.distributed`)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from contextlib import nullcontext
 
 import numpy as np
 import torch
 from accelerate import Accelerator
+from accelerate.utils import gather_object
 
 from searchteam.rl.advantages import assign_advantages, trains_critic
+from searchteam.rl.batching import Slot, deal, lockstep, micro_batches, mini_batches, slots_of
 from searchteam.rl.config import TrainConfig
-from searchteam.rl.distributed import in_lockstep, mean_over_ranks, sum_over_ranks, whiten_over_ranks
+from searchteam.rl.distributed import mean_over_ranks, sum_over_ranks, whiten_over_ranks
 from searchteam.rl.experience import Batch, Sample, collate
 from searchteam.rl.losses import policy_loss, sft_loss, value_loss
 from searchteam.rl.policy import Policy
@@ -49,18 +54,26 @@ class PolicyUpdater:
 
     def rl_update(self, samples: list[Sample], step: int) -> dict[str, float]:
         """The policy update of RL step `step` (0-based) on this process's `samples`; returns the mean
-        statistics of every process's micro-batches and the number of (skipped) optimizer steps."""
-        self.score(samples)
-        assign_advantages(samples, self.config, whitening=False)
-        whiten_over_ranks(self.accelerator, samples, self.config)
+        statistics of every process's micro-batches and the number of (skipped) optimizer steps. The
+        optimizer steps are planned first (`searchteam.rl.batching`): the samples of the very first one are
+        scored by its own forward pass, where the weights still are π_old's, and only the others before."""
+        cfg = self.config
+        everyone = self.gather_slots(samples)
+        schedules = [
+            self.schedule(samples, everyone, self.generator(step, epoch), cfg.mini_batch_size)
+            for epoch in range(cfg.ppo_epochs)
+        ]
+        reuse = cfg.old_logprobs == "recompute" and self.policy.deterministic
+        first = schedules[0][0] if reuse and schedules[0] else []
+        self.score(samples, fresh={id(s) for chunk in first if chunk for s in chunk})
+        assign_advantages(samples, cfg, whitening=False)
+        whiten_over_ranks(self.accelerator, samples, cfg)
         stats: dict[str, list[float]] = defaultdict(list)
         skipped = updates = 0
         self.policy.train()
-        for epoch in range(self.config.ppo_epochs):
-            generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + step * 1009 + epoch)
-            chunks = self.micro_batches(samples, generator)
-            for minibatch in in_lockstep(self.accelerator, chunks, self.config.grad_accum):
-                ok, step_stats = self.optimizer_step(minibatch)
+        for schedule in schedules:
+            for minibatch in schedule:
+                ok, step_stats = self.optimizer_step(minibatch, fresh=reuse and updates == 0)
                 updates += 1
                 skipped += not ok
                 for k, v in step_stats.items():
@@ -68,66 +81,102 @@ class PolicyUpdater:
         self.policy.eval()
         return mean_over_ranks(stats) | {"updates": updates, "skipped_updates": skipped}
 
-    def micro_batches(
-        self, samples: list[Sample], generator: torch.Generator | None, size: int | None = None
-    ) -> list[list[Sample]]:
-        """Chunks of `size` (default `micro_batch_size`), shuffled when a generator is given; each chunk
-        holds one kind of sample (RL or SFT) and, with per-role LoRA, one role."""
-        order = list(range(len(samples)))
-        if generator is not None:
-            order = torch.randperm(len(samples), generator=generator).tolist()
+    def generator(self, step: int, epoch: int, offset: int = 0) -> torch.Generator:
+        """The shuffle of `epoch` of RL step `step` (`offset`: another stage's, e.g. the warm start's)."""
+        return torch.Generator().manual_seed(self.config.seed * 1_000_003 + step * 1009 + epoch + offset)
+
+    def gather_slots(self, samples: list[Sample]) -> list[Slot]:
+        """Every process's samples, as the schedule sees them (one all-gather of small tuples)."""
         per_role = self.policy.mode == "role_lora"
-        pools: dict[tuple[str, bool], list[int]] = defaultdict(list)
-        for i in order:
-            pools[(samples[i].role if per_role else "", samples[i].sft)].append(i)
-        size = size or self.config.micro_batch_size
-        chunks = [
-            [samples[i] for i in pool[j : j + size]]
-            for _, pool in sorted(pools.items())
-            for j in range(0, len(pool), size)
-        ]
-        if generator is not None and len(pools) > 1:
-            chunks = [chunks[i] for i in torch.randperm(len(chunks), generator=generator).tolist()]
-        return chunks
+        mine = slots_of(samples, self.accelerator.process_index, per_role)
+        return gather_object(mine) if self.accelerator.num_processes > 1 else mine
+
+    def schedule(
+        self,
+        samples: list[Sample],
+        everyone: list[Slot],
+        generator: torch.Generator,
+        mini_batch_size: int | None,
+        micro_batch_size: int | None = None,
+        replicated: bool = False,
+    ) -> list[list[list[Sample] | None]]:
+        """This process's optimizer steps: per mini-batch of `everyone`'s samples (`batching`), its own
+        micro-batches, padded with zero-weight ones (None) to as many as the busiest process has.
+        `replicated`: every process holds all of `samples` and takes a share of each mini-batch."""
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        size = micro_batch_size or self.config.micro_batch_size
+        steps = []
+        for minibatch in mini_batches(everyone, mini_batch_size, generator):
+            slots = deal(minibatch, world) if replicated else minibatch
+            mine = lockstep(slots, world, size, self.config.micro_batch_tokens)[rank]
+            steps.append([[samples[s.index] for s in chunk] or None for chunk in mine])
+        return steps
 
     @torch.no_grad()
-    def score(self, samples: list[Sample]) -> None:
-        """Old logprobs (π_θold), reference logprobs (when penalized) and critic values, before updating.
-        Scored by the policy itself, not its DDP wrapper: no collective, so processes need not agree on
-        how many micro-batches they score."""
+    def score(self, samples: list[Sample], fresh: Collection[int] = ()) -> None:
+        """Before updating: old logprobs (π_θold) of the samples that need them, reference logprobs (when
+        penalized) and critic values (of the turns a critic estimates). Samples in `fresh` (ids) are in the
+        first optimizer step, whose own forward pass gives their π_old. Scored by the policy itself, not its
+        DDP wrapper: no collective, so processes need not agree on how many micro-batches they score."""
+        cfg = self.config
+        recompute = cfg.old_logprobs == "recompute"
+        critic = self.policy.value_head is not None
+
+        def policy_pass(s: Sample) -> bool:
+            needs_old = (recompute and id(s) not in fresh) or s.old_logprobs is None
+            return needs_old or (critic and trains_critic(cfg.estimator_of(s.role)))
+
+        scored = [s for s in samples if policy_pass(s) and not s.sft]
+        if recompute:
+            for s in samples:
+                s.old_logprobs = None
         self.policy.eval()
-        need_old = self.config.old_logprobs == "recompute" or any(s.old_logprobs is None for s in samples)
-        if not need_old and self.config.kl_coef == 0 and self.policy.value_head is None:
-            return
-        for chunk in self.micro_batches(samples, None):
+        for chunk in self.forward_passes(scored):
             self.policy.activate(chunk[0].role)
             batch = collate(chunk, self.pad_id).to(self.accelerator.device)
             with self.accelerator.autocast():  # as the prepared model computes in training
                 logprobs, values, _ = self.policy(
-                    batch.input_ids, batch.attention_mask, batch.target_index, batch.value_index
+                    batch.input_ids,
+                    batch.attention_mask,
+                    batch.target_index,
+                    batch.value_index,
+                    mask=batch.loss_mask,
                 )
-                ref = self.policy.reference_logprobs(batch) if self.config.kl_coef > 0 else None
             for i, s in enumerate(chunk):
-                n = len(s.completion_ids)
-                if need_old:
-                    s.old_logprobs = logprobs[i, :n].float().cpu().tolist()
-                if ref is not None:
-                    s.ref_logprobs = ref[i, :n].float().cpu().tolist()
+                if id(s) not in fresh or not recompute:
+                    s.old_logprobs = logprobs[i, : len(s.completion_ids)].float().cpu().tolist()
                 if values is not None:
                     s.old_value = float(values[i])
+        if cfg.kl_coef == 0:
+            return
+        for chunk in self.forward_passes([s for s in samples if not s.sft]):
+            self.policy.activate(chunk[0].role)
+            batch = collate(chunk, self.pad_id).to(self.accelerator.device)
+            with self.accelerator.autocast():
+                ref = self.policy.reference_logprobs(batch)
+            for i, s in enumerate(chunk):
+                s.ref_logprobs = ref[i, : len(s.completion_ids)].float().cpu().tolist()
+
+    def forward_passes(self, samples: list[Sample]) -> list[list[Sample]]:
+        """`samples` in micro-batches of similar length (no shuffle, no collective: for scoring)."""
+        slots = slots_of(samples, per_role=self.policy.mode == "role_lora")
+        chunks = micro_batches(slots, self.config.micro_batch_size, self.config.micro_batch_tokens)
+        return [[samples[s.index] for s in chunk] for chunk in chunks]
 
     def optimizer_step(
         self,
         chunks: list[list[Sample] | None],
         optimizer: Optimizer | None = None,
         sft_coef: float | None = None,
+        fresh: bool = False,
     ) -> tuple[bool, dict[str, float]]:
         """Accumulate gradients over micro-batches (None: a zero-weight padding one), normalized by the whole
-        mini-batch's token and sequence counts over all processes, then clip and step — unless any loss or
-        the gradient norm is not finite, in which case the gradients are dropped and the weights and
-        optimizer state stay untouched (see `step_if_finite`). Also measures the policy's token entropy on
-        the trained tokens, per role. `optimizer` and `sft_coef` default to the RL run's (the warm start
-        passes its own)."""
+        mini-batch's token and sequence counts over all processes, then clip each parameter group (`clip`)
+        and step — unless any loss or gradient norm is not finite, in which case the gradients are dropped
+        and the weights and optimizer state stay untouched (see `step_if_finite`). Also measures the
+        policy's token entropy on the trained tokens, per role. `optimizer` and `sft_coef` default to the RL
+        run's (the warm start passes its own). `fresh`: no optimizer step since the rollouts, so the
+        forward pass's own detached logprobs are π_old (recorded for the samples' later epochs)."""
         cfg = self.config
         optimizer = optimizer or self.optimizer
         sft_coef = cfg.sft_coef if sft_coef is None else sft_coef
@@ -164,6 +213,7 @@ class PolicyUpdater:
                     batch.value_index,
                     entropy="none" if sft else entropy_mode,
                     critic=not sft,
+                    mask=batch.loss_mask,
                 )
                 if sft:
                     out = sft_loss(logprobs, batch.loss_mask, sft_coef, num_sft_tokens)
@@ -172,6 +222,10 @@ class PolicyUpdater:
                     for k, v in out.stats.items():
                         stats[k].append(v)
                     continue
+                if fresh:
+                    batch.old_logprobs = keep_old_logprobs(chunk, logprobs)
+                elif batch.old_logprobs is None:
+                    raise RuntimeError("a sample has no π_old after the first optimizer step")
                 loss, out_stats = self.rl_loss(
                     batch, chunk, logprobs, values, entropy, num_tokens, num_seqs, num_critic
                 )
@@ -180,14 +234,26 @@ class PolicyUpdater:
             for k, v in out_stats.items():
                 stats[k].append(v)
             add_entropy(entropy_sums, batch.roles, entropy, batch.loss_mask)
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        grad_norm = self.accelerator.clip_grad_norm_(params, cfg.max_grad_norm)
+        norms = self.clip(optimizer, cfg.max_grad_norm)
+        grad_norm = float(np.sqrt(sum(n**2 for n in norms.values())))
         ok = self.step_if_finite(finite, grad_norm, optimizer)
         optimizer.zero_grad(set_to_none=True)
         summary = {k: float(np.mean(v)) for k, v in stats.items()}
         summary.update(entropy_means(entropy_sums))
-        summary["grad_norm"] = float(grad_norm)
+        summary["grad_norm"] = grad_norm
+        if len(norms) > 1:
+            summary.update({f"grad_norm/{name}": norm for name, norm in norms.items()})
         return ok, summary
+
+    def clip(self, optimizer: Optimizer, max_norm: float) -> dict[str, float]:
+        """Clip each parameter group's gradient to `max_norm` on its own (each role's adapter, the critic),
+        as verl clips actor and critic apart: one norm over all would let a fresh critic's large
+        gradient shrink the policy's step. Returns each group's norm before clipping."""
+        self.accelerator.unscale_gradients(optimizer)  # fp16: once, before any norm
+        return {
+            group.get("name", str(i)): float(torch.nn.utils.clip_grad_norm_(group["params"], max_norm))
+            for i, group in enumerate(optimizer.param_groups)
+        }
 
     def rl_loss(
         self,
@@ -256,6 +322,15 @@ class PolicyUpdater:
         )
         loss = logprobs.sum() * 0.0
         return loss if values is None else loss + values.sum() * 0.0
+
+
+def keep_old_logprobs(chunk: list[Sample], logprobs: torch.Tensor) -> torch.Tensor:
+    """π_old of a micro-batch of the first optimizer step: its own logprobs, detached, also kept on its
+    samples for later epochs."""
+    old = logprobs.detach().float()
+    for i, s in enumerate(chunk):
+        s.old_logprobs = old[i, : len(s.completion_ids)].cpu().tolist()
+    return old
 
 
 def add_entropy(
