@@ -88,6 +88,13 @@ def config(scenario: str) -> TrainConfig:
         "critic_sft": {"estimator": "gae", "sft_coef": 0.5, "whiten_advantages": True, "gamma": 0.9},
         "separate_full": {"estimator": "gae", "critic": "separate", "full_ft": True, "lr": 1e-3},
         "critic_checkpointed": {"estimator": "gae", "critic": "separate", "gradient_checkpointing": True},
+        # DAC's layout: a LoRA per role, the planner on GAE, the answerer on GRPO: the answerer's
+        # micro-batches compute critic values that never enter their loss
+        "mixed": {
+            "lora_per_role": True,
+            "roles": ["answer", "plan"],
+            "role_estimators": {"plan": {"estimator": "gae", "gamma": 0.9}},
+        },
         "equivalence": {"steps": 1, "mini_batch_size": 6, "max_grad_norm": 1e6, "lr": 1e-2},
     }
     return TrainConfig(**(base | extra[scenario]))

@@ -78,10 +78,15 @@ def micro_batches(slots: list[Slot], max_samples: int, max_tokens: int | None = 
 
 
 def deal(minibatch: list[Slot], world: int) -> list[Slot]:
-    """A mini-batch of samples every process holds (the warm start's), dealt to the processes in turn
-    by length so that their shares take about as long."""
-    ranked = sorted(minibatch, key=lambda s: (-s.length, s.key))
-    return [replace(slot, rank=i % world) for i, slot in enumerate(ranked)]
+    """A mini-batch of samples every process holds (the warm start's), dealt to the processes so that their
+    shares hold about as many tokens: longest first, each to the process with the fewest so far."""
+    loads = [0] * world
+    dealt = []
+    for slot in sorted(minibatch, key=lambda s: (-s.length, s.key)):
+        rank = loads.index(min(loads))
+        loads[rank] += slot.length
+        dealt.append(replace(slot, rank=rank))
+    return dealt
 
 
 def lockstep(

@@ -122,11 +122,12 @@ class PolicyUpdater:
         recompute = cfg.old_logprobs == "recompute"
         critic = self.policy.value_head is not None
 
-        def policy_pass(s: Sample) -> bool:
-            needs_old = (recompute and id(s) not in fresh) or s.old_logprobs is None
-            return needs_old or (critic and trains_critic(cfg.estimator_of(s.role)))
+        def needs_old(s: Sample) -> bool:
+            return not s.sft and (id(s) not in fresh if recompute else s.old_logprobs is None)
 
-        scored = [s for s in samples if policy_pass(s) and not s.sft]
+        old = {id(s) for s in samples if needs_old(s)}
+        valued = [s for s in samples if critic and not s.sft and trains_critic(cfg.estimator_of(s.role))]
+        scored = [s for s in samples if id(s) in old] + [s for s in valued if id(s) not in old]
         if recompute:
             for s in samples:
                 s.old_logprobs = None
@@ -143,7 +144,7 @@ class PolicyUpdater:
                     mask=batch.loss_mask,
                 )
             for i, s in enumerate(chunk):
-                if id(s) not in fresh or not recompute:
+                if id(s) in old:
                     s.old_logprobs = logprobs[i, : len(s.completion_ids)].float().cpu().tolist()
                 if values is not None:
                     s.old_value = float(values[i])
