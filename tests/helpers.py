@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import httpx
 
@@ -74,3 +75,27 @@ def send_partial(
     status_line, *lines = top.decode().split("\r\n")
     fields = dict(line.lower().split(": ", 1) for line in lines)
     return int(status_line.split()[1]), fields, json.loads(payload)
+
+
+def assert_close_scaled(
+    actual: Any, expected: Any, rel: float = 1e-5, *, scale: float | None = None, msg: str = ""
+) -> None:
+    """`actual` equals `expected` to within `rel` × `scale` everywhere (`scale`: max |expected| unless
+    given), for two differently computed fp32 results of a model (chunked vs full projection, another batch
+    shape, a recomputed pass). Their rounding differs by a few ulps of the largest magnitudes summed, in an
+    order that depends on the CPU's kernels (BLAS, oneDNN, vector width, threads): an entry near zero of a
+    gradient whose largest entry is 244 may move by 1e-4 (4e-7 of the scale) with nothing wrong, which no
+    per-entry rtol allows. Reorderings stay near 1e-6 of the scale; a real bug (a wrong gradient, position
+    or temperature) moves results by percents of it, so the default rel = 1e-5 separates the two."""
+    import torch
+
+    actual, expected = torch.as_tensor(actual), torch.as_tensor(expected)
+    if scale is None:
+        scale = expected.abs().max().item() if expected.numel() else 0.0
+    atol = rel * float(scale) + 1e-12  # the floor: an all-zero `expected` must be matched by zeros
+
+    def message(default: str) -> str:
+        where = f"{msg}: " if msg else ""
+        return f"{where}{default}\n(tolerance {atol:.3g} = {rel:g} x scale {float(scale):.4g})"
+
+    torch.testing.assert_close(actual, expected, rtol=0.0, atol=atol, msg=message)

@@ -6,7 +6,7 @@ from searchteam.llm import GenerationRequest, LLMError, SamplingParams, build_ll
 from searchteam.llm import models as model_presets
 from searchteam.llm.base import truncate_at_stop
 from searchteam.llm.openai import OpenAIBackend
-from tests.helpers import serve_on_loopback
+from tests.helpers import assert_close_scaled, serve_on_loopback
 
 
 def test_truncate_at_stop_keeps_earliest_stop():
@@ -136,8 +136,10 @@ def test_chosen_token_logprobs_match_full_logits(default_llm):
         got, _ = chosen_token_logprobs(model, ids, mask, positions, temperature=0.7)
         full = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float() / 0.7, dim=-1)
     for row, cols in enumerate([[2, 3, 4], [1, 2]]):
-        want = [full[row, p, ids[row, p + 1]].item() for p in cols]
-        assert got[row, : len(cols)].tolist() == pytest.approx(want, abs=1e-4)
+        want = torch.stack([full[row, p, ids[row, p + 1]] for p in cols])
+        # rounding follows the logits (|logprob| up to 55 over the vocabulary): the projection of fewer
+        # positions (other matmul shapes) moved these by 2e-5 here, an off-by-one or wrong temperature by nats
+        assert_close_scaled(got[row, : len(cols)], want, scale=full[row].abs().max())
 
 
 @pytest.mark.parametrize("pad", ["<|im_end|>", "<|endoftext|>"], ids=["pad-is-eos", "pad-not-eos"])

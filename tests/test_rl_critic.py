@@ -10,6 +10,7 @@ import torch
 from searchteam.rl.experience import Sample, collate
 from searchteam.rl.losses import value_loss
 from searchteam.rl.policy import CRITIC_ADAPTER, build_policy, load_policy
+from tests.helpers import assert_close_scaled
 from tests.test_rl_trainer import config, save_tiny, tiny_model
 
 
@@ -152,8 +153,8 @@ def test_checkpointed_critic_pass_is_recomputed_with_the_critic_adapter(tokenize
     checkpointed = critic_and_policy_grads(tokenizer, model, checkpointing=True)
     assert plain.keys() == checkpointed.keys()
     assert any(f".{CRITIC_ADAPTER}." in n for n in plain)
-    for name, grad in plain.items():
-        torch.testing.assert_close(checkpointed[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    for name, grad in plain.items():  # 1e-5 of its largest entry: reorderings ~1e-6, a stale adapter O(1)
+        assert_close_scaled(checkpointed[name], grad, msg=name)
 
 
 def test_full_finetuning_critic_copy_does_not_train_its_unused_lm_head(tokenizer):

@@ -63,7 +63,7 @@ class PolicyUpdater:
             self.schedule(samples, everyone, self.generator(step, epoch), cfg.mini_batch_size)
             for epoch in range(cfg.ppo_epochs)
         ]
-        reuse = cfg.old_logprobs == "recompute" and self.policy.deterministic
+        reuse = self.first_step_gives_old()
         first = schedules[0][0] if reuse and schedules[0] else []
         self.score(samples, fresh={id(s) for chunk in first if chunk for s in chunk})
         assign_advantages(samples, cfg, whitening=False)
@@ -80,6 +80,12 @@ class PolicyUpdater:
                     stats[k].append(v)
         self.policy.eval()
         return mean_over_ranks(stats) | {"updates": updates, "skipped_updates": skipped}
+
+    def first_step_gives_old(self) -> bool:
+        """Whether the first optimizer step's own forward pass gives π_old: its weights are the rollouts'
+        (`old_logprobs: recompute`) and a training pass computes what an evaluation pass does (no dropout).
+        TRL and verl reuse it the same way when a batch gets one optimizer step."""
+        return self.config.old_logprobs == "recompute" and self.policy.deterministic
 
     def generator(self, step: int, epoch: int, offset: int = 0) -> torch.Generator:
         """The shuffle of `epoch` of RL step `step` (`offset`: another stage's, e.g. the warm start's)."""

@@ -1,0 +1,236 @@
+"""Update throughput: the lean update against the update it replaced, one change at a time, in one run.
+
+One RL update (GRPO, one optimizer step over the batch) of a real LoRA policy, the 0.5B default with its
+recipe's adapter, on recorded rollouts of the method's 0.5B recipe: Search-R1 as merged trajectories (the
+retrieved <information> text inside the completion, masked) and M-ASK (many turns, prompts of ~1,000
+tokens, completions of a few dozen). The variants add the changes in turn:
+
+  before   fixed-size micro-batches in shuffled order, a scoring pass for π_old, every completion position
+           (padding and environment text too) through the fp32 vocabulary projection
+  +mask    only the loss mask's positions projected, the head's weight cast to fp32 once per pass
+  +reuse   no scoring pass: the one optimizer step's own forward pass gives π_old
+  +sorted  micro-batches of samples of similar length (what `searchteam train` now does)
+  +budget  and a token budget per micro-batch (`--micro-batch-tokens`, when given)
+
+Each variant updates a fresh copy of the same policy on the same samples; it prints update tokens/s
+(prompt + completion tokens over the update's wall time), the ratio to `before`, and the largest difference
+of its gradient from `before`'s relative to the gradient's largest entry (the variants compute the same
+gradient: tests/test_bench_update.py checks it on a tiny model).
+
+    python benchmarks/bench_update.py --record search_r1   # once per method: writes benchmarks/data/
+    python benchmarks/bench_update.py [--methods search_r1,mask] [--samples 8] [--dtype bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gzip
+import random
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import torch
+
+from searchteam.rl.batching import Slot, mini_batches
+from searchteam.rl.config import TrainConfig
+from searchteam.rl.experience import Sample, samples_from_episodes
+from searchteam.rl.policy import Policy
+from searchteam.rl.trainer import Trainer
+from searchteam.rl.update import PolicyUpdater
+from searchteam.types import Episode
+
+DATA = Path(__file__).parent / "data"
+MERGED = {"search_r1"}  # methods trained as one trajectory per continued message (Search-R1's way)
+VARIANTS = ("before", "+mask", "+reuse", "+sorted", "+budget")
+
+
+def rollouts_path(method: str) -> Path:
+    return DATA / f"rollouts-{method}-0.5b.jsonl.gz"
+
+
+def record(method: str, questions: int) -> Path:
+    """Roll out `questions` train questions with the method's 0.5B CPU recipe (its group size, engine and
+    team settings; no warm start) and its reward scheme, and write the rewarded episodes."""
+    from searchteam.methods import get_method
+    from searchteam.training import build_trainer, load_train_run_config
+
+    recipe = get_method(method).recipe_path("cpu")
+    settings = {"questions_per_step": questions, "warm_start": None, "train.dynamic_sampling": False}
+    cfg = load_train_run_config(recipe, {"steps": 1}, settings)
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = build_trainer(cfg, Path(run_dir))
+        episodes = trainer.rollout(0)
+        trainer.reward(episodes)
+    path = rollouts_path(method)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as out:
+        out.writelines(e.model_dump_json() + "\n" for e in episodes)
+    return path
+
+
+def load_samples(method: str, tokenizer, count: int, seed: int = 0) -> list[Sample]:
+    """`count` training samples of the recorded rollouts (a seeded choice), with seeded rewards."""
+    with gzip.open(rollouts_path(method), "rt") as lines:
+        episodes = [Episode.model_validate_json(line) for line in lines]
+    samples = samples_from_episodes(episodes, tokenizer, merge_continuations=method in MERGED)
+    chosen = random.Random(seed).sample(samples, min(count, len(samples)))
+    return with_rewards(chosen, seed)
+
+
+def with_rewards(samples: list[Sample], seed: int = 0) -> list[Sample]:
+    """`samples` with seeded random rewards, so that every group has advantages and a gradient."""
+    rng = random.Random(seed)
+    for s in samples:
+        s.reward = rng.random()
+    return samples
+
+
+class ShuffledChunks(PolicyUpdater):
+    """The micro-batching it replaced: fixed-size chunks in shuffled order, padded to the longest."""
+
+    def schedule(
+        self, samples, everyone, generator, mini_batch_size, micro_batch_size=None, replicated=False
+    ):
+        size = micro_batch_size or self.config.micro_batch_size
+        steps = []
+        for minibatch in mini_batches(everyone, mini_batch_size, generator):
+            pools: dict[tuple[str, bool], list[Slot]] = defaultdict(list)
+            for slot in minibatch:
+                pools[slot.pool].append(slot)
+            chunks = [pool[i : i + size] for pool in pools.values() for i in range(0, len(pool), size)]
+            steps.append([[samples[s.index] for s in chunk] for chunk in chunks])
+        return steps
+
+    def forward_passes(self, samples):
+        size = self.config.micro_batch_size
+        return [samples[i : i + size] for i in range(0, len(samples), size)]
+
+
+class ShuffledAndScored(ShuffledChunks):
+    """And π_old from a scoring pass of its own."""
+
+    def first_step_gives_old(self) -> bool:
+        return False
+
+
+# variant: (its updater, whether the loss mask reaches the projection)
+UPDATERS = {
+    "before": (ShuffledAndScored, False),
+    "+mask": (ShuffledAndScored, True),
+    "+reuse": (ShuffledChunks, True),
+    "+sorted": (PolicyUpdater, True),
+    "+budget": (PolicyUpdater, True),
+}
+
+
+@contextmanager
+def unmasked(policy: Policy) -> Iterator[None]:
+    """The policy projecting every completion position, as before."""
+    forward = policy.forward
+    policy.forward = lambda *args, mask=None, **kwargs: forward(*args, **kwargs)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del policy.forward
+
+
+def update(
+    policy: Policy, samples: list[Sample], config: TrainConfig, variant: str
+) -> tuple[float, dict[str, torch.Tensor]]:
+    """One `variant` update of `policy` on copies of `samples`: seconds, and the optimizer step's gradient."""
+    samples = copy.deepcopy(samples)
+    updater, masked = UPDATERS[variant]
+    if variant != "+budget":
+        config = config.model_copy(update={"micro_batch_tokens": None})
+    grads: dict[str, torch.Tensor] = {}
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = Trainer(policy, lambda step: [], lambda episodes: None, config, Path(run_dir))
+        trainer.updater.__class__ = updater
+        step_if_finite = trainer.updater.step_if_finite
+
+        def keep_gradient(finite, grad_norm, optimizer) -> bool:
+            named = dict(policy.named_parameters())
+            grads.update({n: named[n].grad.clone() for n in policy._trainable if named[n].grad is not None})
+            return step_if_finite(finite, grad_norm, optimizer)
+
+        trainer.updater.step_if_finite = keep_gradient  # type: ignore[method-assign]
+        with nullcontext() if masked else unmasked(policy):
+            start = time.perf_counter()
+            record = trainer.updater.rl_update(samples, 0)
+            seconds = time.perf_counter() - start
+    assert record["updates"] == 1 and record["skipped_updates"] == 0, record
+    return seconds, grads
+
+
+def compare(
+    make_policy: Callable[[], Policy], samples: list[Sample], config: TrainConfig, variants=VARIANTS[:4]
+) -> list[tuple[str, float, float]]:
+    """Per variant: seconds, and its gradient's largest difference from the first variant's, relative to
+    the largest entry of that gradient."""
+    rows = []
+    reference: dict[str, torch.Tensor] = {}
+    for variant in variants:
+        seconds, grads = update(make_policy(), samples, config, variant)
+        reference = reference or grads
+        scale = max(max(g.abs().max().item() for g in reference.values()), 1e-30)
+        diff = max((grads[n] - g).abs().max().item() for n, g in reference.items())
+        rows.append((variant, seconds, diff / scale))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record", metavar="METHOD", help="record rollouts of METHOD's 0.5B recipe and stop")
+    parser.add_argument("--questions", type=int, default=2, help="with --record: train questions")
+    parser.add_argument("--methods", default="search_r1,mask")
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--dtype", default="bfloat16", help="the backbone's dtype (the recipes': bfloat16)")
+    parser.add_argument("--samples", type=int, default=8, help="samples per update")
+    parser.add_argument("--micro-batch-size", type=int, default=4)
+    parser.add_argument("--micro-batch-tokens", type=int, default=None)
+    parser.add_argument("--variants", default=",".join(VARIANTS[:4]))
+    args = parser.parse_args()
+    if args.record:
+        print(f"wrote {record(args.record, args.questions)}")
+        return
+    from searchteam.rl.policy import load_policy
+
+    variants = args.variants.split(",") + (["+budget"] if args.micro_batch_tokens else [])
+    config = TrainConfig(
+        estimator="grpo",
+        lora_r=8,
+        lora_alpha=16,
+        micro_batch_size=args.micro_batch_size,
+        micro_batch_tokens=args.micro_batch_tokens,
+        gradient_checkpointing=True,
+        tensorboard=False,
+        save_rollouts=False,
+    )
+    base = load_policy(args.model, config, device="cpu", dtype=args.dtype)
+    threads = torch.get_num_threads()
+    print(
+        f"{args.model} ({args.dtype}), LoRA r=8, micro-batches of {args.micro_batch_size}, {threads} threads"
+    )
+    for method in args.methods.split(","):
+        samples = load_samples(method, base.tokenizer, args.samples)
+        tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+        trained = sum(s.num_trained_tokens for s in samples)
+        completion = sum(len(s.completion_ids) for s in samples)
+        print(
+            f"\n{method}: {len(samples)} samples, {tokens} tokens, {completion} completion tokens of which "
+            f"{trained} trained"
+        )
+        rows = compare(lambda: copy.deepcopy(base), samples, config, variants)
+        before = rows[0][1]
+        print(f"{'variant':<9} {'seconds':>8} {'tokens/s':>9} {'ratio':>6} {'gradient diff':>14}")
+        for variant, seconds, diff in rows:
+            print(f"{variant:<9} {seconds:8.1f} {tokens / seconds:9.1f} {before / seconds:6.2f} {diff:14.1e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""benchmarks/bench_update.py's variants (the update before the lean-update changes, then each change in
+turn) compute the same gradient, on a tiny random Llama and samples like Search-R1's merged trajectories:
+retrieved text masked inside completions of different lengths."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from searchteam.rl.policy import build_policy
+from tests.test_rl_update import config, rewarded_samples, tiny_model
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_update.py"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from searchteam.llm.models import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
+
+
+def bench_module():
+    spec = importlib.util.spec_from_file_location("bench_update", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_variant_computes_the_gradient_of_the_update_before(tokenizer):
+    bench = bench_module()
+    samples = rewarded_samples(tokenizer)
+    for i, s in enumerate(samples):  # retrieved text inside the completion, of a different length each
+        own = len(s.completion_ids)
+        s.completion_ids = s.completion_ids + [42] * (5 * i) + s.completion_ids
+        s.loss_mask = [1] * own + [0] * (5 * i) + [1] * own
+    cfg = config(estimator="grpo", mini_batch_size=None, micro_batch_size=3, micro_batch_tokens=60)
+    base = build_policy(tiny_model(tokenizer), tokenizer, cfg)
+    rows = bench.compare(lambda: copy.deepcopy(base), samples, cfg, bench.VARIANTS)
+    assert [variant for variant, _, _ in rows] == list(bench.VARIANTS)
+    for variant, seconds, relative_diff in rows:
+        assert seconds > 0
+        assert relative_diff < 1e-5, variant  # fp32 reorderings only: a wrong gradient differs by ~1
