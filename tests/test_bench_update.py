@@ -17,12 +17,8 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_update.py"
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    from searchteam.llm.models import resolve_model
-
-    return AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
+def tokenizer(smollm_tokenizer):
+    return smollm_tokenizer
 
 
 def bench_module():
@@ -41,7 +37,7 @@ def test_every_variant_computes_the_gradient_of_the_update_before(tokenizer):
         s.loss_mask = [1] * own + [0] * (5 * i) + [1] * own
     cfg = config(estimator="grpo", mini_batch_size=None, micro_batch_size=3, micro_batch_tokens=60)
     base = build_policy(tiny_model(tokenizer), tokenizer, cfg)
-    rows = bench.compare(lambda: copy.deepcopy(base), samples, cfg, bench.VARIANTS)
+    rows = list(bench.compare(lambda: copy.deepcopy(base), samples, cfg, bench.VARIANTS))
     assert [variant for variant, _, _ in rows] == list(bench.VARIANTS)
     for variant, seconds, relative_diff in rows:
         assert seconds > 0

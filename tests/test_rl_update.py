@@ -19,22 +19,12 @@ from searchteam.rl.policy import Policy, build_policy
 from searchteam.rl.trainer import Trainer
 from tests.test_rl_trainer import config, episode, tiny_model
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    from searchteam.llm.models import resolve_model
-
-    return AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
+def tokenizer(smollm_tokenizer):
+    return smollm_tokenizer
 
 
 def slot(rank: int, index: int, length: int, role: str = "", sft: bool = False, group: str = "q") -> Slot:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
 from itertools import groupby
 from pathlib import Path
@@ -83,9 +84,30 @@ def pick_device(device: str | None) -> str:
 
 
 def pick_dtype(dtype: str | None, device: str) -> torch.dtype:
+    """The named dtype, or for `auto`/None the faster of bf16 and fp32 on `device`: bf16 on a GPU that
+    supports it and on a CPU with bf16 matrix instructions (AVX512-BF16, AMX); fp32 on other CPUs, where
+    bf16 runs several times slower than fp32 (docs/benchmarks.md, bench_update.py). A bf16 request on such
+    a CPU is honoured with a warning."""
     if dtype and dtype != "auto":
-        return getattr(torch, dtype)
-    return torch.bfloat16 if device.startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
+        chosen = getattr(torch, dtype)
+        if chosen == torch.bfloat16 and device == "cpu" and not cpu_has_bf16():
+            warnings.warn(
+                "bfloat16 on this CPU (no AVX512-BF16 or AMX) computes several times slower than float32: "
+                "set dtype: auto (or float32)",
+                stacklevel=2,
+            )
+        return chosen
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if device == "cpu" and cpu_has_bf16() else torch.float32
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX, as torch detects them)."""
+    checks = [
+        getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    ]
+    return any(check() for check in checks if check is not None)
 
 
 class HFBackend:
