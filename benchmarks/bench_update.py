@@ -230,7 +230,7 @@ def main() -> None:
     )
     methods = args.methods.split(",")
     speeds: dict[str, list[float]] = defaultdict(list)
-    dtypes = [str(pick_dtype(d, "cpu")).removeprefix("torch.") for d in args.dtypes.split(",")]
+    dtypes = [str(pick_dtype(d, "cpu", training=True)).removeprefix("torch.") for d in args.dtypes.split(",")]
     for dtype in dtypes:
         base = load_policy(args.model, config, device="cpu", dtype=dtype)
         size = f"micro-batches of {args.micro_batch_size}, {torch.get_num_threads()} threads"

@@ -252,3 +252,15 @@ def test_a_second_temperature_or_a_greedy_one_is_refused():
         load_train_run_config(None, {"method": "naive_rag", "temperature": 0.7}, {"train.temperature": 1.0})
     with pytest.raises(ConfigError, match="temperature 0 .greedy. cannot train"):
         load_train_run_config(None, {"method": "naive_rag", "temperature": 0.0})
+
+
+def test_auto_dtype_trains_in_bf16_only_where_the_cpu_multiplies_it_natively(monkeypatch):
+    from searchteam.llm import hf
+
+    monkeypatch.setattr(hf, "cpu_has_bf16", lambda: False)
+    assert hf.pick_dtype("auto", "cpu", training=True) == hf.pick_dtype(None, "cpu") == torch.float32
+    with pytest.warns(UserWarning, match="several times slower than float32"):
+        assert hf.pick_dtype("bfloat16", "cpu") == torch.bfloat16
+    monkeypatch.setattr(hf, "cpu_has_bf16", lambda: True)
+    assert hf.pick_dtype("auto", "cpu", training=True) == torch.bfloat16
+    assert hf.pick_dtype("auto", "cpu") == torch.float32  # inference keeps fp32 logits on the CPU

@@ -83,11 +83,11 @@ def pick_device(device: str | None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def pick_dtype(dtype: str | None, device: str) -> torch.dtype:
-    """The named dtype, or for `auto`/None the faster of bf16 and fp32 on `device`: bf16 on a GPU that
-    supports it and on a CPU with bf16 matrix instructions (AVX512-BF16, AMX); fp32 on other CPUs, where
-    bf16 runs several times slower than fp32 (docs/benchmarks.md, bench_update.py). A bf16 request on such
-    a CPU is honoured with a warning."""
+def pick_dtype(dtype: str | None, device: str, training: bool = False) -> torch.dtype:
+    """The named dtype, or for `auto`/None: bf16 on a GPU that supports it, else fp32; for `training`, also
+    bf16 on a CPU with bf16 matrix instructions (AVX512-BF16, AMX), where it trains faster than fp32. On
+    other CPUs bf16 runs several times slower than fp32 (docs/benchmarks.md): a bf16 request there is
+    honoured with a warning."""
     if dtype and dtype != "auto":
         chosen = getattr(torch, dtype)
         if chosen == torch.bfloat16 and device == "cpu" and not cpu_has_bf16():
@@ -99,7 +99,7 @@ def pick_dtype(dtype: str | None, device: str) -> torch.dtype:
         return chosen
     if device.startswith("cuda"):
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    return torch.bfloat16 if device == "cpu" and cpu_has_bf16() else torch.float32
+    return torch.bfloat16 if training and device == "cpu" and cpu_has_bf16() else torch.float32
 
 
 def cpu_has_bf16() -> bool:

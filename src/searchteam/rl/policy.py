@@ -419,7 +419,7 @@ def load_policy(
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    weights = weight_dtype(config, pick_dtype(dtype, place.type))
+    weights = weight_dtype(config, pick_dtype(dtype, place.type, training=True))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=weights)
     return build_policy(model, tokenizer, config).to(place)
 
