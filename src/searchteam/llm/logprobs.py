@@ -14,6 +14,7 @@ Mistral); models that rescale or soft-cap logits after the head are not supporte
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import torch
@@ -102,8 +103,13 @@ def projected_stats(
     if keep is not None:
         flat_hidden, flat_tokens = flat_hidden[keep], flat_tokens[keep]
     weights = fp32_weights(head) if isinstance(head, nn.Linear) else None  # cast once, not per chunk
+    project = _stats
+    if torch.is_grad_enabled() and (
+        flat_hidden.requires_grad or any(p.requires_grad for p in head.parameters())
+    ):  # each chunk's logits are recomputed at backward time, not stored
+        project = partial(checkpoint, _stats, use_reentrant=False)
     pieces = [
-        _chunk(
+        project(
             head,
             weights,
             flat_hidden[i : i + chunk_positions],
@@ -119,23 +125,6 @@ def projected_stats(
         logprobs = _scatter(logprobs, keep, batch_shape.numel())
         ent = None if ent is None else _scatter(ent, keep, batch_shape.numel())
     return logprobs.view(batch_shape), None if ent is None else ent.view(batch_shape)
-
-
-def _chunk(
-    head: nn.Module,
-    weights: Weights | None,
-    hidden: torch.Tensor,
-    tokens: torch.Tensor,
-    temperature: float,
-    entropy: EntropyMode,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One chunk's stats; under autograd its logits are recomputed at backward time, not stored."""
-    needs_grad = torch.is_grad_enabled() and (
-        hidden.requires_grad or any(p.requires_grad for p in head.parameters())
-    )
-    if not needs_grad:
-        return _stats(head, weights, hidden, tokens, temperature, entropy)
-    return checkpoint(_stats, head, weights, hidden, tokens, temperature, entropy, use_reentrant=False)
 
 
 def _stats(

@@ -20,7 +20,6 @@ from accelerate.utils import gather_object
 from searchteam.paths import atomic_dir
 from searchteam.progress import progress_bar
 from searchteam.rl import warm_start as ws
-from searchteam.rl.batching import slots_of
 from searchteam.rl.config import WARM_START, TrainConfig
 from searchteam.rl.distributed import mean_over_ranks
 from searchteam.rl.run_log import RunLog, truncate_jsonl
@@ -103,9 +102,9 @@ class ExpertIteration:
         policy.train()
         with progress_bar(self.accelerator.is_main_process, "{task.description}: fine-tune") as bar:
             task = bar.add_task(f"warm-start round {round_index}", total=None)
+            everyone = updater.slots(samples)
             for epoch in range(cfg.epochs if samples else 0):
                 order = updater.generator(round_index, epoch, offset=500_009)  # apart from RL's shuffles
-                everyone = slots_of(samples, per_role=policy.mode == "role_lora")
                 minibatches = updater.schedule(
                     samples, everyone, order, cfg.mini_batch_size, cfg.micro_batch_size, replicated=True
                 )

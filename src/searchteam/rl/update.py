@@ -91,10 +91,14 @@ class PolicyUpdater:
         """The shuffle of `epoch` of RL step `step` (`offset`: another stage's, e.g. the warm start's)."""
         return torch.Generator().manual_seed(self.config.seed * 1_000_003 + step * 1009 + epoch + offset)
 
+    def slots(self, samples: list[Sample], rank: int = 0) -> list[Slot]:
+        """`samples` of process `rank` as the schedule sees them; with per-role LoRA a forward pass holds
+        one role."""
+        return slots_of(samples, rank, per_role=self.policy.mode == "role_lora")
+
     def gather_slots(self, samples: list[Sample]) -> list[Slot]:
         """Every process's samples, as the schedule sees them (one all-gather of small tuples)."""
-        per_role = self.policy.mode == "role_lora"
-        mine = slots_of(samples, self.accelerator.process_index, per_role)
+        mine = self.slots(samples, self.accelerator.process_index)
         return gather_object(mine) if self.accelerator.num_processes > 1 else mine
 
     def schedule(
@@ -166,8 +170,9 @@ class PolicyUpdater:
 
     def forward_passes(self, samples: list[Sample]) -> list[list[Sample]]:
         """`samples` in micro-batches of similar length (no shuffle, no collective: for scoring)."""
-        slots = slots_of(samples, per_role=self.policy.mode == "role_lora")
-        chunks = micro_batches(slots, self.config.micro_batch_size, self.config.micro_batch_tokens)
+        chunks = micro_batches(
+            self.slots(samples), self.config.micro_batch_size, self.config.micro_batch_tokens
+        )
         return [[samples[s.index] for s in chunk] for chunk in chunks]
 
     def optimizer_step(
