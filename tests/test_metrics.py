@@ -13,6 +13,7 @@ from searchteam.rewards.metrics import (
     substring_match,
     sufficiency,
 )
+from searchteam.teams.base import prompt_answers
 from searchteam.types import Episode, Passage, Question, Retrieval
 
 
@@ -139,6 +140,27 @@ def test_summary_reports_acc_and_recall_at_k():
     nq = summary["per_dataset"]["nq"]
     assert (nq["acc"], nq["recall@1"], nq["recall@3"]) == (1.0, 0.5, 1.0)
     assert summary["per_dataset"]["hotpotqa"]["recall@3"] == 0.0
+
+
+def test_summary_counts_predictions_equal_to_a_prompt_example_answer():
+    rows = [
+        result_row(_episode(i, "nq", a, ["x"], [])) for i, a in (("a", "George Orwell."), ("b", "Orwell"))
+    ]
+    assert summarize(rows, "m", "model", 1.0)["example_answer_copies"] == 0
+    assert summarize(rows, "m", "model", 1.0, frozenset({"george orwell"}))["example_answer_copies"] == 1
+
+
+def test_prompt_answers_are_the_tagged_answers_of_every_prompt_string():
+    prompts = {
+        "system": "Write the answer between <answer> and </answer>. For example, <answer> Beijing </answer>.",
+        "examples": [{"user": "Q", "assistant": "<think>t</think>\n<answer>The Kendalls</answer>"}],
+        "summary": {
+            "examples": [
+                {"assistant": "<predicted_answer>Sam Altman</predicted_answer> <answer>...</answer>"}
+            ]
+        },
+    }
+    assert prompt_answers(prompts) == {"beijing", "kendalls", "sam altman"}
 
 
 def test_recall_ks_follow_the_deepest_search():

@@ -385,7 +385,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"prompt tokens/q {summary['prompt_tokens_mean']:.0f} · "
         f"completion tokens/q {summary['completion_tokens_mean']:.0f} · "
         f"retrievals/q {summary['retrievals_mean']:.2f} · format errors {summary['format_error_rate']} · "
-        f"{summary['seconds_total']:.1f}s"
+        f"prompt example's answer {summary['example_answer_copies']}× · {summary['seconds_total']:.1f}s"
     )
 
 

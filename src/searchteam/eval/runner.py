@@ -140,7 +140,8 @@ def evaluate(
         write_lines_atomic(results_path, map(result_line, all_rows))
     by_id = {row["id"]: row for row in all_rows}
     rows = [by_id[q.id] for q in questions if q.id in by_id]
-    summary = summarize(rows, config.method, config.model, seconds_before + time.perf_counter() - started)
+    seconds = seconds_before + time.perf_counter() - started
+    summary = summarize(rows, config.method, config.model, seconds, team.example_answers())
     if config.judge_model:
         summary["judge_model"] = config.judge_model
     write_lines_atomic(out / "summary.json", [json.dumps(summary, indent=2, ensure_ascii=False) + "\n"])

@@ -14,7 +14,7 @@ from statistics import mean
 from typing import Any
 
 from searchteam.data.benchmark import hop_group
-from searchteam.rewards.metrics import answer_scores, gold_rank, recall_at_k
+from searchteam.rewards.metrics import answer_scores, gold_rank, normalize_answer, recall_at_k
 from searchteam.types import Episode
 
 METRICS = ("em", "cover_em", "acc", "f1")
@@ -86,8 +86,15 @@ def result_row(episode: Episode) -> dict[str, Any]:
     }
 
 
-def summarize(rows: list[dict[str, Any]], method: str, model: str, seconds_total: float) -> dict[str, Any]:
-    """Scores overall, per dataset and per hop group, with `recall@k` for the k of `recall_ks(rows)`."""
+def summarize(
+    rows: list[dict[str, Any]],
+    method: str,
+    model: str,
+    seconds_total: float,
+    example_answers: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    """Scores overall, per dataset and per hop group, with `recall@k` for the k of `recall_ks(rows)`, and
+    how many predictions equal an answer shown in the method's prompts (`Team.example_answers`)."""
     rows = [_with_answer_scores(row) for row in rows]
     ks = recall_ks(rows)
     per_dataset: dict[str, list[dict]] = defaultdict(list)
@@ -107,6 +114,7 @@ def summarize(rows: list[dict[str, Any]], method: str, model: str, seconds_total
         "completion_tokens_mean": _mean(rows, "completion_tokens"),
         "retrievals_mean": _mean(rows, "retrievals"),
         "format_error_rate": _format_error_rate(rows),
+        "example_answer_copies": sum(normalize_answer(r["prediction"]) in example_answers for r in rows),
         "episode_errors": sum(1 for r in rows if r.get("error")),
         **_judge_flags(rows),
         "seconds_total": round(seconds_total, 2),

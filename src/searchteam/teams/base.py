@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
@@ -13,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from searchteam.config import ConfigError, did_you_mean
+from searchteam.rewards.metrics import normalize_answer
 from searchteam.runtime.context import Context, Turn
 from searchteam.teams.parsing import parse_answer
 from searchteam.types import Message, Passage, Question
@@ -86,6 +88,10 @@ class Team(ABC):
         messages.append({"role": "user", "content": p["user"].format(**fields).strip()})
         return messages
 
+    def example_answers(self) -> frozenset[str]:
+        """The answers its prompts show, normalized: a prediction equal to one was probably copied."""
+        return prompt_answers(self.prompts)
+
     @staticmethod
     def answer_from(turn: Turn, tag: str = "answer", prefill: str = "") -> str:
         """Parse the answer tag (in the `prefill` the call continued, plus the completion); on a missing tag
@@ -144,6 +150,20 @@ def prompt_file(team: type[Team]) -> Path:
         if source and (path := Path(source).parent / "prompts.yaml").is_file():
             return path
     raise FileNotFoundError(f"team '{team.name}' has no prompts.yaml next to its module or a base class's")
+
+
+# An answer tag with its content (`<answer>George Orwell</answer>`, `<predicted_answer>x</predicted_answer>`).
+ANSWER_TAG = re.compile(r"<(\w*answer)>([^<]*)</\1>")
+
+
+def prompt_answers(prompts: Any) -> frozenset[str]:
+    """Every answer written in a prompt tree's strings, normalized. "between <answer> and </answer>" in an
+    instruction names the tags and is no answer."""
+    if isinstance(prompts, str):
+        found = (normalize_answer(m.group(2)) for m in ANSWER_TAG.finditer(prompts))
+        return frozenset(a for a in found if a and a != "and")
+    children = prompts.values() if isinstance(prompts, dict) else prompts if isinstance(prompts, list) else ()
+    return frozenset().union(*(prompt_answers(child) for child in children))
 
 
 @cache
