@@ -1,6 +1,8 @@
 import pytest
 
+from searchteam.config import RunConfig
 from searchteam.eval.summary import recall_ks, result_row, summarize
+from searchteam.factory import build_team
 from searchteam.rewards.metrics import (
     answer_scores,
     cover_exact_match,
@@ -161,6 +163,12 @@ def test_prompt_answers_are_the_tagged_answers_of_every_prompt_string():
         },
     }
     assert prompt_answers(prompts) == {"beijing", "kendalls", "sam altman"}
+
+
+@pytest.mark.parametrize("method", ["direct", "naive_rag", "dac"])
+def test_the_answering_prompts_show_no_answer_to_copy(method):
+    # qwen2.5-coder-0.5b copied "George Orwell" from direct's example on 23 of 50 NQ dev questions
+    assert build_team(RunConfig(method=method)).example_answers() == frozenset()
 
 
 def test_recall_ks_follow_the_deepest_search():
