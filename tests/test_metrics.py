@@ -165,7 +165,7 @@ def test_prompt_answers_are_the_tagged_answers_of_every_prompt_string():
     assert prompt_answers(prompts) == {"beijing", "kendalls", "sam altman"}
 
 
-@pytest.mark.parametrize("method", ["direct", "naive_rag", "dac"])
+@pytest.mark.parametrize("method", ["direct", "naive_rag"])
 def test_the_answering_prompts_show_no_answer_to_copy(method):
     # qwen2.5-coder-0.5b copied "George Orwell" from direct's example on 23 of 50 NQ dev questions
     assert build_team(RunConfig(method=method)).example_answers() == frozenset()
