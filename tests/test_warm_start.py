@@ -21,8 +21,10 @@ from searchteam.rl.warm_start import (
     append_kept,
     finished_rounds,
     keep,
+    keep_by_role,
     likelihood_samples,
     read_kept,
+    role_returns,
     round_stats,
     support_recall,
 )
@@ -93,6 +95,72 @@ def test_support_recall_keeps_episodes_whose_searches_found_the_supporting_title
     assert not keep(searched(["Paris"], None), 1.0, recall)  # no supporting titles: nothing to check it by
     assert keep(half, 0.6, WARM)  # unset: the answer alone decides
     assert round_stats([both, half], [0.0, 1.0], [True, False])["support_recall/sampled"] == 0.75
+
+
+BY_ROLE = WarmStartConfig(keep_by="role_reward", min_role_reward=1.0)
+
+
+def rewarded(plan: float, answer: float, parsed: tuple[bool, ...] = (True, True), **kw) -> Episode:
+    episode = make_episode("Lyon", parsed, **kw)
+    episode.turns[0].reward, episode.turns[1].reward = plan, answer
+    return episode
+
+
+def test_keep_by_role_keeps_the_turns_of_each_credited_role_whatever_the_answer() -> None:
+    kept = keep_by_role(rewarded(1.0, 0.0), BY_ROLE)
+    assert kept is not None and [t.role for t in kept.turns] == ["plan"]  # the answer was wrong: plan only
+    assert [t.role for t in keep_by_role(rewarded(1.0, 1.0), BY_ROLE).turns] == ["plan", "answer"]
+    assert keep_by_role(rewarded(0.5, 0.0), BY_ROLE) is None
+    assert keep_by_role(rewarded(1.0, 0.0, parsed=(False, True)), BY_ROLE) is None  # credited but malformed
+    assert keep_by_role(rewarded(1.0, 0.0, error="timeout"), BY_ROLE) is None
+    two_plans = rewarded(0.5, 0.0)
+    two_plans.turns.append(two_plans.turns[0].model_copy(update={"step": 2}))
+    assert role_returns(two_plans) == {"plan": 1.0, "answer": 0.0}  # a role's return sums its turns
+    assert [t.role for t in keep_by_role(two_plans, BY_ROLE).turns] == ["plan", "plan"]
+
+
+def test_dac_rewards_keep_a_searcher_that_found_the_answer_when_the_generator_missed_it() -> None:
+    """DAC's r_S = 1[s ∧ ¬abstained], r_G = 1[EM ∨ (¬s ∧ abstained)] (dac.txt Eq. 1-2)."""
+    from searchteam.methods import build_reward_scheme
+
+    question = Question(id="q", question="Where was Orwell born?", golden_answers=["Motihari"])
+
+    def dac_episode(passage: str, answer: str) -> Episode:
+        turns = [
+            Turn(role="searcher", step=0, messages=[], completion="<search> Orwell birthplace </search>"),
+            Turn(role="searcher", step=1, messages=[], completion="<stop>"),
+            Turn(role="generator", step=2, messages=[], completion=f"<answer> {answer} </answer>"),
+        ]
+        found = Retrieval(query="Orwell birthplace", k=1, step=0, passages=[Passage(id="1", text=passage)])
+        return Episode(question=question, method="dac", turns=turns, retrievals=[found], answer=answer)
+
+    found_missed = dac_episode("Orwell was born in Motihari, India.", "India")
+    found_right = dac_episode("Orwell was born in Motihari, India.", "Motihari")
+    not_found_guessed = dac_episode("Orwell wrote Animal Farm.", "Motihari")
+    build_reward_scheme("dac", {})([found_missed, found_right, not_found_guessed])
+    roles = [
+        [t.role for t in kept.turns] if (kept := keep_by_role(e, BY_ROLE)) else []
+        for e in (found_missed, found_right, not_found_guessed)
+    ]
+    assert roles == [["searcher", "searcher"], ["searcher", "searcher", "generator"], ["generator"]]
+
+
+def test_a_role_reward_warm_start_fine_tunes_only_the_credited_turns(tokenizer, tmp_path: Path) -> None:  # noqa: F811
+    torch.set_num_threads(1)
+    policy = build_policy(tiny_model(tokenizer), tokenizer, rl_config())
+    stage = scripted_stage(tokenizer, 1, [])
+    stage.config = stage.config.model_copy(update={"keep_by": "role_reward", "epochs": 1})
+
+    def plan_always_answer_if_right(episodes: list[Episode]) -> None:
+        for episode in episodes:
+            episode.turns[0].reward, episode.turns[1].reward = 1.0, float(episode.answer == "Paris")
+
+    stage.reward = plan_always_answer_if_right
+    (record,) = Trainer(policy, None, no_reward, rl_config(), tmp_path, warm_start=stage).run_warm_start()
+    assert (record["kept"], record["kept_turns/plan"], record["kept_turns/answer"]) == (4, 4, 2)
+    assert record["samples"] == 6
+    kept = read_kept(tmp_path)
+    assert sorted(len(e.turns) for e in kept) == [1, 1, 2, 2]
 
 
 def test_round_stats_by_hand() -> None:

@@ -28,6 +28,7 @@ from searchteam.llm import build_llm, resolve_backend
 from searchteam.llm.hf import HFBackend, pick_device
 from searchteam.llm.models import TRAINED, checkpoint_of
 from searchteam.methods import build_reward_scheme, get_method
+from searchteam.rewards.base import RewardScheme
 from searchteam.rewards.metrics import answer_scores
 from searchteam.rl import Policy, TrainConfig, Trainer, load_policy
 from searchteam.rl.config import WarmStartConfig
@@ -406,7 +407,7 @@ def build_trainer(
         rollout = make_rollout(cfg, team, policy, questions, out / "rollout_adapters", **shard)
     warm = None
     if warm_cfg and warm_team:
-        warm = warm_start_stage(warm_cfg, warm_team, policy, questions, out, **shard)
+        warm = warm_start_stage(warm_cfg, warm_team, policy, questions, out, reward, **shard)
     if accelerator.is_main_process:
         (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
     return Trainer(
@@ -493,14 +494,16 @@ def warm_start_stage(
     policy: Policy,
     questions: list[Question],
     out: Path,
+    reward: RewardScheme | None = None,
     rank: int = 0,
     world: int = 1,
 ) -> WarmStart:
     """The warm start's rollouts: `samples_per_question` samples of `questions_per_round` questions per
     round at its temperature, by the policy (through the run's engine) or by the teacher; question order
     and seeds apart from RL's. `warm_cfg` is `warm_start_run_config` of the run and `team` is built from it
-    (the stage's own options). The engine (or teacher model) is built at the first round, so a run whose
-    warm start already finished never loads it."""
+    (the stage's own options); `reward`, the run's reward scheme, credits roles for `keep_by: role_reward`.
+    The engine (or teacher model) is built at the first round, so a run whose warm start already finished
+    never loads it."""
     ws = warm_cfg.warm_start
     assert ws is not None
     rollout: list[Callable[..., list[Episode]]] = []
@@ -530,4 +533,4 @@ def warm_start_stage(
     def score(episode: Episode) -> float:
         return answer_scores(episode.answer, episode.question.golden_answers)["f1"]
 
-    return WarmStart(ws, collect, score)
+    return WarmStart(ws, collect, score, reward)

@@ -54,8 +54,9 @@ class WarmStartConfig(BaseModel):
     """Rejection-sampling fine-tuning (expert iteration) before RL, for roles that cannot yet earn reward:
     each round samples `samples_per_question` rollouts of `questions_per_round` train questions at
     `temperature` (by the policy itself, or by `teacher`), keeps the episodes whose final answer scores
-    F1 ≥ `min_f1` and whose policy turns all parsed, and fine-tunes every policy turn of all episodes kept
-    so far by likelihood (mean token NLL), `epochs` passes, with its own AdamW."""
+    F1 ≥ `min_f1` and whose policy turns all parsed (or, with `keep_by: role_reward`, each role's turns by
+    that role's reward), and fine-tunes every policy turn kept so far by likelihood (mean token NLL),
+    `epochs` passes, with its own AdamW."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -64,6 +65,14 @@ class WarmStartConfig(BaseModel):
     samples_per_question: int = Field(4, ge=1)
     temperature: float = Field(1.0, gt=0.0, le=5.0)
     min_f1: float = Field(0.5, ge=0.0, le=1.0, description="keep episodes whose answer F1 reaches this")
+    keep_by: Literal["answer", "role_reward"] = Field(
+        "answer",
+        description="answer: keep whole episodes by their answer's F1 (min_f1); role_reward: keep each "
+        "role's turns on their own when the method's reward gives that role a return (the sum of its "
+        "turns' rewards) of at least min_role_reward, e.g. DAC's searcher for sufficient evidence even "
+        "when the generator then answered wrong (role-specific credit, dac.txt §3.2)",
+    )
+    min_role_reward: float = Field(1.0, description="keep_by role_reward: a role's return to keep its turns")
     require_parsed: bool = Field(True, description="keep only episodes whose policy turns all parsed")
     min_support_recall: float | None = Field(
         None,

@@ -10,7 +10,7 @@ What to keep, the samples and the stage's files are `searchteam.rl.warm_start`'s
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -54,16 +54,29 @@ class ExpertIteration:
         for round_index in range(done + 1, cfg.rounds + 1):
             start = time.perf_counter()
             episodes, scores = self._collection(round_index)
-            kept = [ws.keep(e, score, cfg, roles) for e, score in zip(episodes, scores, strict=True)]
-            new = [e for e, k in zip(episodes, kept, strict=True) if k]
+            new = self._keep(episodes, scores)
+            kept = [e is not None for e in new]
+            new = [e for e in new if e is not None]
             collected = time.perf_counter()
             record = {"round": round_index, **ws.round_stats(episodes, scores, kept, roles)}
+            for role, count in Counter(t.role for e in new for t in e.turns).items():
+                record[f"kept_turns/{role}"] = float(count)
             dataset += new
             record |= self._fine_tune(dataset, optimizer, round_index)
             record |= {"time/rollout": collected - start, "time/update": time.perf_counter() - collected}
             self._finish_round(round_index, new, record)
             records.append(record)
         return records
+
+    def _keep(self, episodes: list[Episode], scores: list[float]) -> list[Episode | None]:
+        """Per episode, what the round keeps of it (`keep_by`): the whole episode when its answer is
+        right enough, or the turns of the roles its method's reward credits; None when nothing."""
+        cfg, roles = self.stage.config, self.config.roles or None
+        if cfg.keep_by == "answer":
+            return [e if ws.keep(e, s, cfg, roles) else None for e, s in zip(episodes, scores, strict=True)]
+        assert self.stage.reward is not None, "keep_by role_reward needs the method's reward scheme"
+        self.stage.reward(episodes)
+        return [ws.keep_by_role(e, cfg, roles) for e in episodes]
 
     def _restore(self) -> int:
         """Load the policy of the last finished round and cut what an unfinished round wrote (torn lines

@@ -27,11 +27,13 @@ ROUND_DIR = re.compile(r"round-(\d+)")
 @dataclass
 class WarmStart:
     """What the trainer needs for the stage: its options, `collect(round)` → this process's sampled
-    episodes, and `score(episode)` → the final answer's F1 against the gold answers."""
+    episodes, `score(episode)` → the final answer's F1 against the gold answers, and `reward(episodes)`,
+    the method's reward scheme (sets the turns' rewards; used with `keep_by: role_reward`)."""
 
     config: WarmStartConfig
     collect: Callable[[int], list[Episode]]
     score: Callable[[Episode], float]
+    reward: Callable[[list[Episode]], None] | None = None
 
 
 def policy_turns(episode: Episode, roles: Iterable[str] | None = None) -> list[Turn]:
@@ -66,6 +68,34 @@ def keep(episode: Episode, score: float, config: WarmStartConfig, roles: Iterabl
         if recall is None or recall < config.min_support_recall:
             return False
     return not config.require_parsed or all(t.parsed_ok for t in turns)
+
+
+def role_returns(episode: Episode, roles: Iterable[str] | None = None) -> dict[str, float]:
+    """Each role's return in a rewarded episode: the sum of its policy turns' rewards (unset counts 0)."""
+    returns: dict[str, float] = defaultdict(float)
+    for turn in policy_turns(episode, roles):
+        returns[turn.role] += turn.reward or 0.0
+    return dict(returns)
+
+
+def keep_by_role(
+    episode: Episode, config: WarmStartConfig, roles: Iterable[str] | None = None
+) -> Episode | None:
+    """`keep_by: role_reward`'s filter on a rewarded episode: the episode with only the policy turns of the
+    roles whose return reaches `min_role_reward` (and whose turns all parsed, unless `require_parsed` is
+    off), or None when no role qualifies or the episode failed."""
+    if episode.error:
+        return None
+    turns = policy_turns(episode, roles)
+    kept = {
+        role
+        for role, value in role_returns(episode, roles).items()
+        if value >= config.min_role_reward
+        and (not config.require_parsed or all(t.parsed_ok for t in turns if t.role == role))
+    }
+    if not kept:
+        return None
+    return episode.model_copy(update={"turns": [t for t in turns if t.role in kept]})
 
 
 def round_stats(
