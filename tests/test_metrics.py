@@ -15,7 +15,7 @@ from searchteam.rewards.metrics import (
     substring_match,
     sufficiency,
 )
-from searchteam.teams.base import prompt_answers
+from searchteam.teams.base import WITHDRAWN, prompt_answers
 from searchteam.types import Episode, Passage, Question, Retrieval
 
 
@@ -150,6 +150,9 @@ def test_summary_counts_predictions_equal_to_a_prompt_example_answer():
     ]
     assert summarize(rows, "m", "model", 1.0)["example_answer_copies"] == 0
     assert summarize(rows, "m", "model", 1.0, frozenset({"george orwell"}))["example_answer_copies"] == 1
+    withdrawn = _episode("c", "nq", "", ["x"], [])
+    withdrawn.meta[WITHDRAWN] = "George Orwell"
+    assert summarize([*rows, result_row(withdrawn)], "m", "model", 1.0)["example_answers_withdrawn"] == 1
 
 
 def test_prompt_answers_are_the_tagged_answers_of_every_prompt_string():

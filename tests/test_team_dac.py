@@ -9,6 +9,7 @@ from searchteam.methods import build_reward_scheme, get_team
 from searchteam.methods.dac.team import parse_searcher
 from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings
+from searchteam.teams.base import WITHDRAWN
 from searchteam.types import Episode, Passage, Question
 from tests.helpers import PASSAGES, TinyRetriever
 
@@ -41,6 +42,26 @@ def run(
     )
     assert episodes[0].error is None, episodes[0].error
     return episodes[0]
+
+
+def solve(llm, passages: list[Passage] = PASSAGES) -> Episode:
+    backends = make_backends({"policy": llm}, TinyRetriever(passages))
+    episodes, _ = asyncio.run(
+        run_episodes(get_team("dac").solve, "dac", [QUESTION], backends, Sampling(), progress=False)
+    )
+    return episodes[0]
+
+
+def test_a_copy_of_the_prompt_examples_answer_that_no_passage_holds_is_withdrawn_and_flagged():
+    copy = "<think> No document says. </think>\n<answer> India </answer>"  # the generator example's answer
+    copied = solve(scripted(search_once, copy))
+    assert copied.answer == "" and copied.meta[WITHDRAWN] == "India"
+    assert not copied.turns[-1].parsed_ok and "example" in copied.turns[-1].parse_error
+    assert all(t.parsed_ok for t in copied.turns[:-1])
+    india = Passage(id="4", title="Motihari", text="Motihari is a German novelist city in India.")
+    supported = solve(scripted(search_once, copy), PASSAGES + [india])
+    assert supported.answer == "India" and WITHDRAWN not in supported.meta
+    assert solve(scripted(search_once)).answer == "Thomas Mann"  # any other answer passes untouched
 
 
 def test_stop_ends_the_search_and_the_generator_answers_from_the_evidence():

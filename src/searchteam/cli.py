@@ -270,6 +270,7 @@ def ask(
     from searchteam.factory import build_components, build_sampling
     from searchteam.runtime import make_backends, run_episodes
     from searchteam.runtime.turns import TurnFeed
+    from searchteam.teams.base import WITHDRAWN
     from searchteam.types import Question
 
     with user_errors():
@@ -281,7 +282,7 @@ def ask(
         feed = TurnFeed(_echo_turn_json if as_json else _print_turn)
         episodes, _ = asyncio.run(
             run_episodes(
-                parts.team.run,
+                parts.team.solve,
                 cfg.method,
                 [q],
                 backends,
@@ -298,6 +299,7 @@ def ask(
             "method": cfg.method,
             "model": cfg.model,
             **episode_trace(episode),
+            "withdrawn_example_answer": episode.meta.get(WITHDRAWN),
             "error": episode.error,
         }
         typer.echo(json.dumps(payload, ensure_ascii=False, indent=None if stream else 2, default=str))
@@ -307,6 +309,11 @@ def ask(
     for r in episode.retrievals[feed.searched :] if stream else []:  # searches after the last turn
         _print_search(r.query, [p.title for p in r.passages])
     console.print(f"[bold green]Answer:[/] {escape(episode.answer)}")
+    if WITHDRAWN in episode.meta:
+        err_console.print(
+            f"[yellow]withdrawn:[/] {escape(episode.meta[WITHDRAWN])!r}, the prompt example's answer, "
+            "which no retrieved passage holds"
+        )
     if episode.error:
         err_console.print(f"[yellow]episode error:[/] {escape(episode.error)}")
 
@@ -385,7 +392,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"prompt tokens/q {summary['prompt_tokens_mean']:.0f} · "
         f"completion tokens/q {summary['completion_tokens_mean']:.0f} · "
         f"retrievals/q {summary['retrievals_mean']:.2f} · format errors {summary['format_error_rate']} · "
-        f"prompt example's answer {summary['example_answer_copies']}× · {summary['seconds_total']:.1f}s"
+        f"prompt example's answer {summary['example_answer_copies']}× "
+        f"(withdrawn {summary.get('example_answers_withdrawn', 0)}×) · {summary['seconds_total']:.1f}s"
     )
 
 

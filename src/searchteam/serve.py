@@ -93,7 +93,7 @@ class TeamService:
     async def _episode(self, question: str, golden_answers: list[str], on_turn: TurnHook | None) -> Episode:
         q = Question(id=f"req-{next(self._ids)}", question=question, golden_answers=golden_answers)
         return await run_episode(
-            self.team.run, self.method, q, self.backends, self.sampling, self.model, on_turn=on_turn
+            self.team.solve, self.method, q, self.backends, self.sampling, self.model, on_turn=on_turn
         )
 
     def _semaphore(self) -> asyncio.Semaphore:

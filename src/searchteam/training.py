@@ -305,7 +305,7 @@ def make_rollout(
         policy.model.eval()
         episodes, _ = asyncio.run(
             run_episodes(
-                team.run,
+                team.solve,
                 cfg.method,
                 copies,
                 backends,

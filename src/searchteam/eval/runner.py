@@ -169,7 +169,7 @@ def _run_and_append(
 
         asyncio.run(
             run_episodes(
-                components.team.run,
+                components.team.solve,
                 config.method,
                 todo,
                 backends,

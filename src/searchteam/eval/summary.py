@@ -15,6 +15,7 @@ from typing import Any
 
 from searchteam.data.benchmark import hop_group
 from searchteam.rewards.metrics import answer_scores, gold_rank, normalize_answer, recall_at_k
+from searchteam.teams.base import WITHDRAWN
 from searchteam.types import Episode
 
 METRICS = ("em", "cover_em", "acc", "f1")
@@ -82,6 +83,7 @@ def result_row(episode: Episode) -> dict[str, Any]:
         "retrievals": len(episode.retrievals),
         "seconds": round(episode.seconds, 3),
         "error": episode.error,
+        WITHDRAWN: episode.meta.get(WITHDRAWN),
         **episode_trace(episode),
     }
 
@@ -94,7 +96,8 @@ def summarize(
     example_answers: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """Scores overall, per dataset and per hop group, with `recall@k` for the k of `recall_ks(rows)`, and
-    how many predictions equal an answer shown in the method's prompts (`Team.example_answers`)."""
+    how many predictions equal an answer shown in the method's prompts (`Team.example_answers`) and how
+    many such copies `Team.solve` withdrew because no passage held them."""
     rows = [_with_answer_scores(row) for row in rows]
     ks = recall_ks(rows)
     per_dataset: dict[str, list[dict]] = defaultdict(list)
@@ -115,6 +118,7 @@ def summarize(
         "retrievals_mean": _mean(rows, "retrievals"),
         "format_error_rate": _format_error_rate(rows),
         "example_answer_copies": sum(normalize_answer(r["prediction"]) in example_answers for r in rows),
+        "example_answers_withdrawn": sum(1 for r in rows if r.get(WITHDRAWN)),
         "episode_errors": sum(1 for r in rows if r.get("error")),
         **_judge_flags(rows),
         "seconds_total": round(seconds_total, 2),

@@ -17,7 +17,7 @@ from searchteam.config import ConfigError, did_you_mean
 from searchteam.rewards.metrics import normalize_answer
 from searchteam.runtime.context import Context, Turn
 from searchteam.teams.parsing import parse_answer
-from searchteam.types import Message, Passage, Question
+from searchteam.types import Message, Passage, Question, Retrieval
 
 
 class TeamSettings(BaseModel):
@@ -75,6 +75,22 @@ class Team(ABC):
 
     @abstractmethod
     async def run(self, q: Question, ctx: Context) -> str: ...
+
+    async def solve(self, q: Question, ctx: Context) -> str:
+        """The episode's final answer: `run`'s, withdrawn when it repeats an answer of the prompts' examples
+        that neither the question nor any retrieved passage contains. A small model copies its example
+        when it has nothing to go on ("George Orwell" for "Who wrote Dune?"); the withdrawn answer stays in
+        `episode.meta`, and the turn that wrote it is flagged as a format error."""
+        answer = await self.run(q, ctx)
+        copied = normalize_answer(answer)
+        if copied not in self.example_answers() or supported(copied, q, ctx.episode.retrievals):
+            return answer
+        ctx.episode.meta[WITHDRAWN] = answer
+        turns = reversed(ctx.episode.turns)
+        writer = next((t for t in turns if copied in normalize_answer(t.completion)), None)
+        if writer is not None:
+            writer.flag_format_error(f"repeats the prompt example's answer {answer!r}; no passage holds it")
+        return ""
 
     def chat(self, prompt: str = "", **fields: str) -> list[Message]:
         """System prompt, the one example exchange, then the user turn filled with `fields`."""
@@ -152,6 +168,7 @@ def prompt_file(team: type[Team]) -> Path:
     raise FileNotFoundError(f"team '{team.name}' has no prompts.yaml next to its module or a base class's")
 
 
+WITHDRAWN = "withdrawn_example_answer"  # episode.meta: the copied example answer `Team.solve` withdrew
 # An answer tag with its content (`<answer>George Orwell</answer>`, `<predicted_answer>x</predicted_answer>`).
 ANSWER_TAG = re.compile(r"<(\w*answer)>([^<]*)</\1>")
 
@@ -164,6 +181,12 @@ def prompt_answers(prompts: Any) -> frozenset[str]:
         return frozenset(a for a in found if a and a != "and")
     children = prompts.values() if isinstance(prompts, dict) else prompts if isinstance(prompts, list) else ()
     return frozenset().union(*(prompt_answers(child) for child in children))
+
+
+def supported(answer: str, q: Question, retrievals: Iterable[Retrieval]) -> bool:
+    """Whether the normalized `answer` occurs, as whole words, in the question or a retrieved passage."""
+    texts = [q.question, *(p.contents for r in retrievals for p in r.passages)]
+    return any(f" {answer} " in f" {normalize_answer(text)} " for text in texts)
 
 
 @cache
