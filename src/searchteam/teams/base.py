@@ -14,10 +14,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from searchteam.config import ConfigError, did_you_mean
-from searchteam.rewards.metrics import normalize_answer
+from searchteam.rewards.metrics import normalize_answer, sufficiency
 from searchteam.runtime.context import Context, Turn
 from searchteam.teams.parsing import parse_answer
-from searchteam.types import Message, Passage, Question, Retrieval
+from searchteam.types import Message, Passage, Question
 
 
 class TeamSettings(BaseModel):
@@ -83,7 +83,8 @@ class Team(ABC):
         `episode.meta`, and the turn that wrote it is flagged as a format error."""
         answer = await self.run(q, ctx)
         copied = normalize_answer(answer)
-        if copied not in self.example_answers() or supported(copied, q, ctx.episode.retrievals):
+        texts = [q.question, *(p.contents for r in ctx.episode.retrievals for p in r.passages)]
+        if copied not in self.example_answers() or sufficiency(texts, [copied]):
             return answer
         ctx.episode.meta[WITHDRAWN] = answer
         turns = reversed(ctx.episode.turns)
@@ -181,12 +182,6 @@ def prompt_answers(prompts: Any) -> frozenset[str]:
         return frozenset(a for a in found if a and a != "and")
     children = prompts.values() if isinstance(prompts, dict) else prompts if isinstance(prompts, list) else ()
     return frozenset().union(*(prompt_answers(child) for child in children))
-
-
-def supported(answer: str, q: Question, retrievals: Iterable[Retrieval]) -> bool:
-    """Whether the normalized `answer` occurs, as whole words, in the question or a retrieved passage."""
-    texts = [q.question, *(p.contents for r in retrievals for p in r.passages)]
-    return any(f" {answer} " in f" {normalize_answer(text)} " for text in texts)
 
 
 @cache
