@@ -169,13 +169,19 @@ def update(
 
 
 def compare(
-    make_policy: Callable[[], Policy], samples: list[Sample], config: TrainConfig, variants=VARIANTS[:4]
+    make_policy: Callable[[], Policy],
+    samples: list[Sample],
+    config: TrainConfig,
+    variants=VARIANTS[:4],
+    budget: TrainConfig | None = None,
 ) -> Iterator[tuple[str, float, float]]:
     """Per variant, as it finishes: seconds, and its gradient's largest difference from the first
-    variant's, relative to the largest entry of that gradient."""
+    variant's, relative to the largest entry of that gradient. `budget`: the +budget variant's settings
+    (default: `config`)."""
     reference: dict[str, torch.Tensor] = {}
     for variant in variants:
-        seconds, grads = update(make_policy(), samples, config, variant)
+        settings = budget if variant == "+budget" and budget is not None else config
+        seconds, grads = update(make_policy(), samples, settings, variant)
         reference = reference or grads
         scale = max(max(g.abs().max().item() for g in reference.values()), 1e-30)
         diff = max((grads[n] - g).abs().max().item() for n, g in reference.items())

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_update import compare, with_rewards
+from bench_update import VARIANTS, compare, with_rewards
 
 from searchteam.config import shipped_recipes
 from searchteam.llm.hf import HFBackend
@@ -162,6 +162,9 @@ def main() -> None:
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="updates to compare (a repeated one measures noise)"
+    )
+    parser.add_argument(
         "--tokenizer", default=None, help="a folder with SmolLM2's tokenizer files (default: its preset)"
     )
     args = parser.parse_args()
@@ -215,8 +218,16 @@ def main() -> None:
     tokens = args.micro_batch_size * longest
     est = estimate_memory(shape, tokens=tokens, lora_r=config.lora_r, kl=True, rollout_tokens=rollout_tokens)
     print(peak_memory(device))
+    # +budget: up to 4x the samples per forward pass, within the padded tokens of a full micro-batch.
+    budget = config.model_copy(
+        update={"micro_batch_size": 4 * args.micro_batch_size, "micro_batch_tokens": tokens}
+    )
     print("one update of the last step's samples, the changes of bench_update.py one at a time:")
-    for variant, seconds, diff in compare(lambda: copy.deepcopy(policy), with_rewards(samples), config):
+    print(f"  (+budget: {budget.micro_batch_size} samples, {tokens} padded tokens per forward pass at most)")
+    updates = compare(
+        lambda: copy.deepcopy(policy), with_rewards(samples), config, args.variants.split(","), budget
+    )
+    for variant, seconds, diff in updates:
         speed = f"{trained / seconds:9.1f} tokens/s ({seconds:.1f} s)"
         print(f"  {variant:<8} update {speed}, gradient diff {diff:.1e}")
     batch = f"micro-batch {args.micro_batch_size} x {longest} tokens, KV cache of {rollout_tokens} tokens"
