@@ -55,7 +55,13 @@ class ServerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     timeout: float = Field(120.0, gt=0.0, description="seconds per HTTP request")
-    concurrency: int = Field(64, ge=1, le=100000, description="HTTP requests in flight at once")
+    concurrency: int = Field(
+        64,
+        ge=1,
+        le=100000,
+        description="requests in flight at once per process, each sent the moment an episode makes it: what "
+        "the server holds (vLLM's --max-num-seqs); reached when `concurrency` episodes make enough requests",
+    )
     max_retries: int = Field(4, ge=0, le=100, description="retries of a request on 429, 5xx or no answer")
 
 
@@ -93,8 +99,14 @@ class RunConfig(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(128, ge=1, le=32768)
     max_new_tokens_per_role: dict[str, int] = Field(default_factory=dict)
-    batch_size: int = Field(32, ge=1, le=4096)
-    concurrency: int = Field(64, ge=1, le=100000)
+    batch_size: int = Field(
+        32,
+        ge=1,
+        le=4096,
+        description="requests per generate call of an in-process engine (ov, hf, vllm), at most; an HTTP "
+        "engine (backend: openai) gets each request alone, up to server.concurrency in flight",
+    )
+    concurrency: int = Field(64, ge=1, le=100000, description="episodes in flight at once")
     seed: int = 0
     options: dict[str, Any] = Field(default_factory=dict)
     datasets: list[str] | None = None

@@ -102,7 +102,8 @@ class TeamService:
         return self._slots
 
     def batching(self) -> dict[str, dict[str, float]]:
-        """Per backend: batched calls so far and their mean size (> 1 when requests shared batches)."""
+        """Per backend: calls so far, their mean batch size (> 1 when requests shared batches) and the most
+        under way at once."""
         batchers = {
             **self.backends.llms,
             **({"search": self.backends.search} if self.backends.search else {}),
@@ -112,6 +113,7 @@ class TeamService:
                 "batches": b.stats.batches,
                 "items": b.stats.items,
                 "mean_batch": round(b.stats.mean_batch, 2),
+                "peak_in_flight": b.stats.peak_in_flight,
             }
             for name, b in batchers.items()
         }

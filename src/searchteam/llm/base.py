@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from searchteam.types import Message
 
@@ -62,6 +62,21 @@ class LLM(Protocol):
     name: str
 
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]: ...
+
+
+@runtime_checkable
+class AsyncLLM(Protocol):
+    """A backend whose engine batches on its side (an HTTP server): the runtime sends each request the
+    moment an episode makes it (`agenerate`), at most `concurrency` at once, instead of batching them."""
+
+    name: str
+    concurrency: int
+
+    async def agenerate(self, request: GenerationRequest) -> Completion: ...
+
+    async def aclose(self) -> None:
+        """Close what `agenerate` opened on the running event loop (its HTTP client)."""
+        ...
 
 
 def render_chat(tokenizer, request: GenerationRequest) -> str:

@@ -115,6 +115,8 @@ class OpenAIBackend:
         self._adapters: dict[str, str] = {}  # role (or SHARED) -> served LoRA name
         self._owned: list[str] = []  # names this backend loaded and must unload (not adopted ones)
         self._cleaned = False
+        self._async_client: httpx.AsyncClient | None = None
+        self._async_client_loop: asyncio.AbstractEventLoop | None = None
         self._finalizer = weakref.finalize(self, _unload_quietly, self.base_url, self._headers(), self._owned)
 
     # ---- training hooks -------------------------------------------------------------------------------
@@ -243,9 +245,33 @@ class OpenAIBackend:
     # ---- generation -------------------------------------------------------------------------------------
 
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+        """A blocking batch (judges, scripts); runs use `agenerate`, one request at a time."""
         tokenizer = self._client_tokenizer()
         prompts = [render_prompt_ids(tokenizer, r) if tokenizer else None for r in requests]
         return asyncio.run(self._generate_all(requests, prompts))
+
+    async def agenerate(self, request: GenerationRequest) -> Completion:
+        """One request, sent now on this event loop's long-lived client (the caller bounds how many are in
+        flight: `concurrency`)."""
+        tokenizer = self._client_tokenizer()
+        prompt = render_prompt_ids(tokenizer, request) if tokenizer else None
+        return await self._complete(self._loop_client(), request, prompt)
+
+    async def aclose(self) -> None:
+        client, self._async_client = self._async_client, None
+        if client is not None:
+            await client.aclose()
+
+    def _loop_client(self) -> httpx.AsyncClient:
+        """The HTTP client of the running event loop, opened on first use (`aclose` closes it)."""
+        loop = asyncio.get_running_loop()
+        if self._async_client is None or self._async_client_loop is not loop:
+            self._async_client, self._async_client_loop = self._new_client(), loop
+        return self._async_client
+
+    def _new_client(self) -> httpx.AsyncClient:
+        limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
+        return httpx.AsyncClient(timeout=self.timeout, limits=limits, headers=self._headers())
 
     def _client_tokenizer(self) -> Any:
         """The tokenizer prompts are rendered with, or None when the server renders them (`render`)."""
@@ -264,9 +290,8 @@ class OpenAIBackend:
     async def _generate_all(
         self, requests: list[GenerationRequest], prompts: list[list[int] | None]
     ) -> list[Completion]:
-        limits = httpx.Limits(max_connections=self.concurrency)
         sem = asyncio.Semaphore(self.concurrency)
-        async with httpx.AsyncClient(timeout=self.timeout, limits=limits, headers=self._headers()) as client:
+        async with self._new_client() as client:
 
             async def one(req: GenerationRequest, ids: list[int] | None) -> Completion:
                 async with sem:

@@ -1,11 +1,13 @@
-"""Gathers calls made concurrently by many episodes into batches for one blocking backend."""
+"""The front-ends every episode's calls go through: a `Batcher` gathers concurrent calls into batches for a
+blocking in-process backend; a `Dispatcher` sends each call the moment it is made to an async one (an HTTP
+server), with a bound on the calls in flight."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -17,8 +19,9 @@ Res = TypeVar("Res")
 class BatchStats:
     batches: int = 0
     items: int = 0
-    busy_seconds: float = 0.0
+    busy_seconds: float = 0.0  # with at least one call under way
     batch_sizes: list[int] = field(default_factory=list)
+    peak_in_flight: int = 0  # calls under way at once, at most (a batcher: its largest batch)
 
     @property
     def mean_batch(self) -> float:
@@ -80,6 +83,7 @@ class Batcher(Generic[Req, Res]):
             self.stats.items += len(batch)
             self.stats.busy_seconds += time.perf_counter() - started
             self.stats.batch_sizes.append(len(batch))
+            self.stats.peak_in_flight = max(self.stats.peak_in_flight, len(batch))
 
     async def aclose(self) -> None:
         if self._worker is not None:
@@ -87,3 +91,54 @@ class Batcher(Generic[Req, Res]):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
             self._worker = None
+
+
+class Dispatcher(Generic[Req, Res]):
+    """`await submit(x)` from any number of coroutines: each call goes out at once as `process(x)`, with at
+    most `limit` under way (the others wait for a free slot, first come first served). For engines that
+    batch on their side (vLLM's continuous batching): no call waits for another to finish. `close` runs on
+    `aclose` (e.g. the engine's HTTP client)."""
+
+    def __init__(
+        self,
+        process: Callable[[Req], Awaitable[Res]],
+        limit: int,
+        close: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        self.process = process
+        self.limit = limit
+        self.stats = BatchStats()
+        self._close = close
+        self._slots: asyncio.Semaphore | None = None
+        self._in_flight = 0
+        self._busy_since = 0.0
+
+    async def submit(self, item: Req) -> Res:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.limit)
+        async with self._slots:
+            self._started()
+            try:
+                return await self.process(item)
+            finally:
+                self._finished()
+
+    def _started(self) -> None:
+        if self._in_flight == 0:
+            self._busy_since = time.perf_counter()
+        self._in_flight += 1
+        self.stats.batches += 1
+        self.stats.items += 1
+        self.stats.peak_in_flight = max(self.stats.peak_in_flight, self._in_flight)
+
+    def _finished(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self.stats.busy_seconds += time.perf_counter() - self._busy_since
+
+    async def aclose(self) -> None:
+        self._slots = None  # the next run may be on another event loop
+        if self._close is not None:
+            await self._close()

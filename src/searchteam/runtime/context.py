@@ -8,19 +8,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from searchteam.llm.base import Completion, GenerationRequest, SamplingParams
-from searchteam.runtime.batcher import Batcher
+from searchteam.runtime.batcher import Batcher, Dispatcher
 from searchteam.types import Episode, Message, Passage, Retrieval, Turn
 
 SearchRequest = tuple[str, int]
 TurnHook = Callable[[Episode, Turn], None]  # told of each turn as it is recorded (e.g. to stream it)
+LLMFrontend = Batcher[GenerationRequest, Completion] | Dispatcher[GenerationRequest, Completion]
 
 
 @dataclass
 class Backends:
-    """Batching front-ends shared by every episode of a run. `llms["policy"]` is the team's model;
+    """Front-ends shared by every episode of a run (`make_backends`). `llms["policy"]` is the team's model;
     other names (e.g. "generator", "judge", "compressor") are extra models some methods use."""
 
-    llms: dict[str, Batcher[GenerationRequest, Completion]]
+    llms: dict[str, LLMFrontend]
     search: Batcher[SearchRequest, list[Passage]] | None = None
 
 

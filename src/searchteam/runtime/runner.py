@@ -7,11 +7,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-from searchteam.llm.base import LLM, Completion, GenerationRequest, LLMError
+from searchteam.llm.base import LLM, AsyncLLM, LLMError
 from searchteam.progress import progress_bar
 from searchteam.retrieval.base import RetrievalError, Retriever
-from searchteam.runtime.batcher import Batcher
-from searchteam.runtime.context import Backends, Context, Sampling, SearchRequest, TurnHook
+from searchteam.runtime.batcher import Batcher, Dispatcher
+from searchteam.runtime.context import Backends, Context, LLMFrontend, Sampling, SearchRequest, TurnHook
 from searchteam.types import Episode, Passage, Question
 
 TeamRun = Callable[[Question, Context], Awaitable[str]]
@@ -30,13 +30,18 @@ def batched_search(retriever: Retriever) -> Callable[[list[SearchRequest]], list
 
 
 def make_backends(llms: dict[str, LLM], retriever: Retriever | None, max_batch: int = 32) -> Backends:
-    def generate(backend: LLM) -> Callable[[list[GenerationRequest]], list[Completion]]:
-        return backend.generate
-
+    """The run's front-ends: a request-level `Dispatcher` for each engine that batches on its side (an
+    HTTP server, bounded by its `concurrency`), a `Batcher` of up to `max_batch` requests for the others."""
     return Backends(
-        llms={name: Batcher(generate(b), max_batch) for name, b in llms.items()},
+        llms={name: llm_frontend(b, max_batch) for name, b in llms.items()},
         search=Batcher(batched_search(retriever), max_batch=max(64, max_batch)) if retriever else None,
     )
+
+
+def llm_frontend(backend: LLM, max_batch: int) -> LLMFrontend:
+    if isinstance(backend, AsyncLLM):
+        return Dispatcher(backend.agenerate, backend.concurrency, close=backend.aclose)
+    return Batcher(backend.generate, max_batch)
 
 
 @dataclass
