@@ -7,6 +7,7 @@ import asyncio
 import time
 
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from searchteam.llm.base import GenerationRequest, SamplingParams
 from searchteam.llm.openai import OpenAIBackend
@@ -16,6 +17,7 @@ from tests.fake_vllm import byte_tokenizer
 from tests.helpers import serve_on_loopback
 
 SECONDS_PER_TOKEN = 0.002  # the busy engine's service time per requested token
+CONTEXT = 4096  # the engine's context length, in tokens
 TOKENIZER = byte_tokenizer()
 OK_IDS = TOKENIZER.encode("ok", add_special_tokens=False)
 
@@ -27,13 +29,18 @@ class BusyEngine:
     def __init__(self) -> None:
         self.in_flight = 0
         self.peak = 0
+        self.refused = 0
 
     def app(self) -> FastAPI:
         app = FastAPI()
 
-        @app.post("/v1/completions")
-        async def completions(request: Request) -> dict:
+        @app.post("/v1/completions", response_model=None)
+        async def completions(request: Request) -> dict | JSONResponse:
             body = await request.json()
+            if len(body["prompt"]) + body["max_tokens"] > CONTEXT:
+                self.refused += 1
+                message = f"This model's maximum context length is {CONTEXT} tokens. However, you requested"
+                return JSONResponse({"error": {"message": message, "type": "BadRequestError"}}, 400)
             self.in_flight += 1
             self.peak = max(self.peak, self.in_flight)
             try:
@@ -46,8 +53,8 @@ class BusyEngine:
         return app
 
 
-def request(tokens: int) -> GenerationRequest:
-    return GenerationRequest([{"role": "user", "content": "hi"}], SamplingParams(max_new_tokens=tokens))
+def request(tokens: int, text: str = "hi") -> GenerationRequest:
+    return GenerationRequest([{"role": "user", "content": text}], SamplingParams(max_new_tokens=tokens))
 
 
 async def test_dispatcher_keeps_at_most_its_limit_in_flight_and_fills_it():
@@ -104,3 +111,25 @@ def test_in_process_engines_keep_the_batcher():
 
     (frontend,) = make_backends({"policy": ScriptedLLM(lambda r: "x")}, None, max_batch=16).llms.values()
     assert isinstance(frontend, Batcher) and frontend.max_batch == 16
+
+
+async def test_a_prompt_longer_than_the_context_fails_its_episode_only():
+    from searchteam.methods import get_team
+    from searchteam.runtime import Sampling, run_episodes
+    from searchteam.types import Question
+    from tests.helpers import PASSAGES, TinyRetriever
+
+    engine = BusyEngine()
+    questions = [
+        Question(id=str(i), question=f"Where is Paris? {'very ' * 1000 * (i == 1)}") for i in range(3)
+    ]
+    with serve_on_loopback(engine.app()) as url:
+        backend = OpenAIBackend("m", url, tokenizer=TOKENIZER, max_retries=3)
+        backends = make_backends({"policy": backend}, TinyRetriever(PASSAGES))
+        team = get_team("naive_rag")
+        episodes, _ = await run_episodes(
+            team.solve, "naive_rag", questions, backends, Sampling(), progress=False
+        )
+    assert [e.error is None for e in episodes] == [True, False, True]
+    assert episodes[1].error.startswith("RequestRejected") and "maximum context length" in episodes[1].error
+    assert engine.refused == 1  # not retried: only transient failures are

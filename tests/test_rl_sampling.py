@@ -123,3 +123,20 @@ def test_critic_learns_only_the_roles_gae_estimates(tokenizer, tmp_path: Path):
     policy = build_policy(tiny_model(tokenizer), tokenizer, cfg)
     (record,) = Trainer(policy, rollout, reward, cfg, tmp_path).train()
     assert record["samples"] == 4 and record["value_loss"] == 0.0
+
+
+def test_failed_episodes_are_counted_in_the_step_record(tokenizer, tmp_path: Path):
+    """An episode that failed (a request the engine refused, a team bug) leaves the step running and is
+    counted; it has no turns to train."""
+
+    def rollout(step: int, attempt: int = 0) -> list[Episode]:
+        failed = Episode(
+            question=Question(id="q9", question="?"), method="scripted", error="RequestRejected: x"
+        )
+        return [answer_episode(tokenizer, "q1", True), answer_episode(tokenizer, "q1", False), failed]
+
+    cfg = config(steps=1, estimator="grpo")
+    policy = build_policy(tiny_model(tokenizer), tokenizer, cfg)
+    reward = lambda episodes: reward_paris([e for e in episodes if e.turns])  # noqa: E731
+    (record,) = Trainer(policy, rollout, reward, cfg, tmp_path).train()
+    assert record["episodes"] == 3 and record["failed_episodes"] == 1 and record["samples"] == 2

@@ -147,6 +147,8 @@ def test_warm_start_then_rl_in_one_process_do_not_collide(vllm, tmp_path, role_p
         sync_adapters(role_policy, rl, rollout_adapters / "rank0")
     assert _loaded_twice(fake) == [] and set(rl.served_adapters) == set(ROLES)
     assert not set(warm.served_adapters.values()) & set(rl.served_adapters.values())
+    for folder in (rollout_adapters / "rank0").iterdir():  # a server running as another user reads them
+        assert folder.stat().st_mode & 0o777 == 0o755
     assert _ask(rl, ROLES) == [rl.served_adapters[r] for r in ROLES]
     del warm
     gc.collect()  # a dropped engine unloads what it loaded

@@ -353,6 +353,7 @@ def sync_adapters(
     def save_and_load(load: Callable[[dict[str, Path]], Any]) -> Any:
         root.mkdir(parents=True, exist_ok=True)
         folder = Path(tempfile.mkdtemp(prefix="step-", dir=root))
+        folder.chmod(0o755)  # mkdtemp makes it owner-only; a server running as another user reads it
         loaded = load(policy.save_adapters(folder))
         for old in root.iterdir():
             if old != folder:

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import random
+import re
 import secrets
 import threading
 import time
@@ -37,6 +38,7 @@ from searchteam.llm.base import (
     Completion,
     GenerationRequest,
     LLMError,
+    RequestRejected,
     SamplingParams,
     render_prompt_ids,
     text_decoder,
@@ -52,6 +54,8 @@ LORA_HINT = (
     "start vLLM with `--enable-lora --max-lora-rank R` (R >= the adapter's r) and the environment variable "
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
 )
+# vLLM's answers to a request that does not fit the model's context (HTTP 400), over its versions
+TOO_LONG = re.compile(r"maximum context length|maximum model length|longer than the maximum|too large", re.I)
 TOKEN_IDS_HINT = (
     "training needs the exact prompt and sampled token ids, which vLLM returns for `return_token_ids` "
     "from version 0.10.2 on: upgrade the server (pip install 'vllm>=0.10.2')"
@@ -332,8 +336,10 @@ class OpenAIBackend:
                 if resp.status_code == 200:
                     return self._parse(resp.json(), req, prompt_ids)
                 last_error = f"HTTP {resp.status_code}: {resp.text[:300]}"
+                if resp.status_code == 400 and TOO_LONG.search(detail := _error_message(resp)):
+                    raise RequestRejected(f"the server at {self.base_url} refused a request: {detail}")
                 if resp.status_code < 500 and resp.status_code != 429:
-                    break
+                    break  # retried: transient failures only (no answer, 429, 5xx)
             if attempt < self.max_retries:
                 await asyncio.sleep(min(30.0, 0.5 * 2**attempt) * (0.5 + random.random()))
         raise LLMError(

@@ -140,8 +140,12 @@ class Trainer:
         record["world_size"] = self.accelerator.num_processes
         episodes, samples, sampling = self._collect()
         collected = time.perf_counter()
-        num_episodes, num_samples = sum_over_ranks(self.accelerator, len(episodes), len(samples))
-        record.update(episodes=int(num_episodes), samples=int(num_samples), **sampling)
+        failed = sum(1 for e in episodes if e.error)  # a team bug, a request the engine refused
+        num_episodes, num_samples, num_failed = sum_over_ranks(
+            self.accelerator, len(episodes), len(samples), failed
+        )
+        record.update(episodes=int(num_episodes), failed_episodes=int(num_failed), samples=int(num_samples))
+        record.update(sampling)
         if num_samples:
             record.update(self.updater.rl_update(samples, self.step))
         else:
