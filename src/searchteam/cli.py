@@ -76,6 +76,17 @@ BackendOpt = Annotated[
 ]
 BaseUrlOpt = Annotated[str | None, typer.Option(help="OpenAI-compatible server URL for --backend openai.")]
 DeviceOpt = Annotated[str | None, typer.Option(help="cpu | cuda | auto")]
+ApiKeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        envvar="SEARCHTEAM_API_KEY",
+        help="Require this key on every request but /health (Authorization: Bearer KEY).",
+    ),
+]
+AllowOpenOpt = Annotated[
+    bool,
+    typer.Option("--allow-no-api-key", help="Serve beyond the loopback interface without a key."),
+]
 RetrieverOpt = Annotated[str | None, typer.Option(help="bm25 | dense | http://host:port of serve-retriever.")]
 CorpusOpt = Annotated[
     Path | None, typer.Option(help="Corpus JSONL (FlashRAG shape); a dense:INDEX_FILE needs its own.")
@@ -552,19 +563,23 @@ def serve_retriever(
     request_timeout: Annotated[
         float, typer.Option(min=0.001, help="Seconds a request may take; slower: 504.")
     ] = 25.0,
+    api_key: ApiKeyOpt = None,
+    allow_no_api_key: AllowOpenOpt = False,
 ) -> None:
     """Serve a Search-R1-compatible POST /retrieve endpoint."""
+    from searchteam.auth import check_bind
     from searchteam.retrieval import build_retriever
     from searchteam.retrieval.server import serve
 
     with user_errors():
+        check_bind(host, api_key, allow_no_api_key)
         built = build_retriever(retriever, corpus=corpus, embedder=embedder)
     limits = {
         "max_pending": max_pending,
         "max_body_bytes": max_body_bytes,
         "request_timeout_s": request_timeout,
     }
-    serve(built, host=host, port=port, **limits)
+    serve(built, host=host, port=port, api_key=api_key, allow_open=allow_no_api_key, **limits)
 
 
 @app.command()
@@ -606,13 +621,17 @@ def serve(
     request_timeout: Annotated[
         float, typer.Option(min=0.001, help="Seconds a request may take; slower: cancelled, 504.")
     ] = 300.0,
+    api_key: ApiKeyOpt = None,
+    allow_no_api_key: AllowOpenOpt = False,
 ) -> None:
     """Serve a team over HTTP: POST /ask and OpenAI-compatible /v1/chat/completions (model = method).
     At most `concurrency` (config) episodes run at once."""
+    from searchteam.auth import check_bind
     from searchteam.serve import ServeLimits, build_service
     from searchteam.serve import serve as serve_team
 
     with user_errors():
+        check_bind(host, api_key, allow_no_api_key)
         _quiet_libraries()
         cfg = flags.load()
         limits = ServeLimits(
@@ -623,7 +642,7 @@ def serve(
         )
         service = build_service(cfg, limits=limits)
     console.print(f"serving {cfg.method} on {cfg.model} at http://{host}:{port}/ (Ctrl-C stops it)")
-    serve_team(service, host=host, port=port)
+    serve_team(service, host=host, port=port, api_key=api_key, allow_open=allow_no_api_key)
 
 
 @app.command()

@@ -32,6 +32,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from searchteam.auth import ApiKeyMiddleware, check_bind
 from searchteam.config import RunConfig
 from searchteam.eval.summary import episode_trace
 from searchteam.factory import Components, build_components, build_sampling
@@ -223,8 +224,9 @@ def error_body(path: str, status: int, message: str) -> dict[str, Any]:
     return OpenAIError(status, message).body() if path.startswith("/v1/") else {"detail": message}
 
 
-def create_app(service: TeamService) -> FastAPI:
-    """The HTTP front of `service`; the batchers are closed when the server shuts down."""
+def create_app(service: TeamService, api_key: str | None = None) -> FastAPI:
+    """The HTTP front of `service`; the batchers are closed when the server shuts down. With `api_key`,
+    every request but /health must carry it (`searchteam.auth`)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -237,6 +239,8 @@ def create_app(service: TeamService) -> FastAPI:
     app.add_exception_handler(OpenAIError, _openai_error)
     gate = service.limits.gate()
     app.add_middleware(BoundedApp, gate=gate, paths=WORK_PATHS, error_body=error_body)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)  # outermost: refused before they count
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -463,8 +467,16 @@ def _team_failed(service: TeamService, episode: Episode) -> str:
     return f"the {service.method} team failed on this question: {episode.error}"
 
 
-def serve(service: TeamService, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Serve `service` with uvicorn until interrupted (on uvloop and httptools where installed)."""
+def serve(
+    service: TeamService,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    allow_open: bool = False,
+) -> None:
+    """Serve `service` with uvicorn until interrupted (on uvloop and httptools where installed). Beyond the
+    loopback interface it needs an `api_key` unless `allow_open`."""
     import uvicorn
 
-    uvicorn.run(create_app(service), host=host, port=port, log_level="info")
+    check_bind(host, api_key, allow_open)
+    uvicorn.run(create_app(service, api_key), host=host, port=port, log_level="info")

@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 
+from searchteam.auth import API_KEY_ENV, api_key_from_env, auth_header
 from searchteam.retrieval.base import RetrievalError
 from searchteam.retrieval.corpus import split_contents
 from searchteam.types import Passage
@@ -25,11 +26,20 @@ class HTTPRetriever:
 
     name = "http"
 
-    def __init__(self, url: str, timeout: float = 30, max_retries: int = 3, max_batch: int = 256) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 30,
+        max_retries: int = 3,
+        max_batch: int = 256,
+        api_key: str | None = None,
+    ) -> None:
+        """`api_key`: the server's (`serve-retriever --api-key`); default: $SEARCHTEAM_API_KEY, if set."""
         self.url = endpoint(url)
         self.base_url = self.url.removesuffix("/retrieve")
         self.timeout, self.max_retries, self.max_batch = timeout, max_retries, max_batch
-        self._client = httpx.Client(timeout=timeout)
+        headers = auth_header(api_key or api_key_from_env())
+        self._client = httpx.Client(timeout=timeout, headers=headers)
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         """Top-`k` passages per query; batches larger than `max_batch` go as several requests."""
@@ -66,6 +76,11 @@ class HTTPRetriever:
                 problem = f"server error HTTP {response.status_code}: {_detail(response)}"
                 hint = "see the server's log"
                 continue
+            if response.status_code == 401:
+                raise RetrievalError(
+                    f"retriever at {self.url} wants an API key (HTTP 401): set {API_KEY_ENV} to the key it "
+                    "was started with (serve-retriever --api-key)"
+                )
             if response.status_code >= 400:
                 raise RetrievalError(
                     f"retriever at {self.url} rejected the request (HTTP {response.status_code}): "

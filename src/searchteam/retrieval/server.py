@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
+from searchteam.auth import ApiKeyMiddleware, check_bind
 from searchteam.http_bounds import BoundedApp, RequestGate, detail_body
 from searchteam.retrieval.base import RetrievalError, Retriever
 from searchteam.types import Passage
@@ -173,15 +174,18 @@ def create_app(
     max_body_bytes: int = Limits.max_body_bytes,
     request_timeout_s: float = Limits.request_timeout_s,
     max_pending: int = Limits.max_pending,
+    api_key: str | None = None,
 ) -> FastAPI:
     """The FastAPI app serving `retriever`; limits bound what one request may ask for and what the server
-    holds at once."""
+    holds at once; with `api_key`, every request but /health must carry it (`searchteam.auth`)."""
     limits = Limits(max_queries, max_k, max_query_chars, max_body_bytes, request_timeout_s, max_pending)
     batcher = SearchBatcher(retriever, max_batch_queries=max(max_queries, 512))
     app = FastAPI(title="searchteam retriever", summary=f"{retriever.name} retrieval, Search-R1 compatible")
     app.add_exception_handler(RequestValidationError, _validation_error)
     gate = RequestGate(max_body_bytes, request_timeout_s, max_pending)
     app.add_middleware(BoundedApp, gate=gate, paths=["/retrieve"], error_body=detail_body)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)  # outermost: refused before they count
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -218,9 +222,13 @@ def serve(
     *,
     log_level: str = "info",
     access_log: bool = True,
+    api_key: str | None = None,
+    allow_open: bool = False,
     **limits: Any,
 ) -> None:
     """Serve `retriever` with uvicorn until interrupted; `limits` go to `create_app`. uvicorn's `auto` loop
-    and HTTP parser are uvloop and httptools where installed."""
-    app = create_app(retriever, **limits)
+    and HTTP parser are uvloop and httptools where installed. Beyond the loopback interface it needs an
+    `api_key` unless `allow_open`."""
+    check_bind(host, api_key, allow_open)
+    app = create_app(retriever, api_key=api_key, **limits)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=access_log)
