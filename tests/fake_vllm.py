@@ -175,6 +175,8 @@ class FakeVLLM:
         choice = {"index": 0, **result["choice"]}
         if self._returns_token_ids(body):
             choice.update(prompt_token_ids=ids, token_ids=result["token_ids"])
+        if body.get("logprobs") is not None:  # the sampled token's logprob for each (0 top alternatives)
+            choice["logprobs"] = {"token_logprobs": self.token_logprobs(result["token_ids"])}
         return {
             "object": "text_completion",
             "model": body["model"],
@@ -204,7 +206,15 @@ class FakeVLLM:
         if self._returns_token_ids(body):
             choice["token_ids"] = result["token_ids"]
             data["prompt_token_ids"] = ids
+        if body.get("logprobs"):
+            logprobs = self.token_logprobs(result["token_ids"])
+            choice["logprobs"] = {"content": [{"logprob": lp} for lp in logprobs]}
         return data
+
+    @staticmethod
+    def token_logprobs(ids: list[int]) -> list[float]:
+        """The engine's logprob of each sampled token: a fixed function of the token."""
+        return [-0.01 * (tid % 50) for tid in ids]
 
     def _returns_token_ids(self, body: dict) -> bool:
         return bool(body.get("return_token_ids")) and self.version >= (0, 10, 2)

@@ -310,6 +310,8 @@ class OpenAIBackend:
             **sampling_fields(req.sampling),
             "return_token_ids": True,  # vLLM >= 0.10.2: the exact prompt and sampled ids; others ignore it
         }
+        if self.require_token_ids:  # training: the sampled tokens' logprobs, to measure the mismatch
+            body["logprobs"] = 0 if prompt_ids is not None else True
         if req.sampling.stop:
             body["stop"] = list(req.sampling.stop)
             body["include_stop_str_in_output"] = True  # vLLM extension; other servers ignore it
@@ -364,6 +366,7 @@ class OpenAIBackend:
             text=text,
             prompt_token_ids=list(prompt_ids) if prompt_ids is not None else served_prompt,
             token_ids=token_ids,
+            logprobs=_sampled_logprobs(choice, len(token_ids)),
             prompt_tokens=int(usage.get("prompt_tokens", 0)),
             completion_tokens=int(usage.get("completion_tokens", 0)),
             finish_reason=choice.get("finish_reason") or "stop",
@@ -379,6 +382,18 @@ class OpenAIBackend:
                 f"the server at {self.base_url} answered for other prompt token ids than it was sent "
                 f"({len(served)} ids, {len(sent)} sent)"
             )
+
+
+def _sampled_logprobs(choice: dict, tokens: int) -> list[float] | None:
+    """The logprob of each sampled token when the server gave one per token: completions put them in
+    `logprobs.token_logprobs`, chat completions in `logprobs.content[].logprob`."""
+    given = choice.get("logprobs") or {}
+    values = given.get("token_logprobs")
+    if values is None and isinstance(given.get("content"), list):
+        values = [entry.get("logprob") for entry in given["content"]]
+    if not values or len(values) != tokens or any(not isinstance(v, int | float) for v in values):
+        return None
+    return [float(v) for v in values]
 
 
 def _server_text(choice: dict, stop: tuple[str, ...]) -> str:

@@ -142,6 +142,12 @@ class TrainConfig(BaseModel):
         description="π_old: recompute with the policy before updating (exact), or reuse the sampling "
         "logprobs the backend recorded (saves a forward pass; falls back to recompute when any is missing)",
     )
+    rollout_is_cap: float | None = Field(
+        None,
+        gt=0.0,
+        description="truncated importance sampling: weight each token's surrogate by min(π_old/π_rollout, "
+        "cap), where the rollout engine gave the sampled tokens' logprobs (backend: openai); unset: off",
+    )
     sft_coef: float = Field(
         0.0,
         ge=0.0,

@@ -10,6 +10,7 @@ sample, as Search-R1 trains it, whose completion spans the whole assistant messa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
@@ -41,6 +42,8 @@ class Sample:
     parsed_ok: bool = True
     old_logprobs: list[float] | None = None
     ref_logprobs: list[float] | None = None
+    # the rollout engine's logprob of each completion token (nan where it gave none: retrieved text)
+    rollout_logprobs: list[float] | None = None
     old_value: float = 0.0
     advantage: float = 0.0
     returns: float = 0.0
@@ -101,6 +104,7 @@ def _turn_sample(
         subgroup=turn.subgroup,
         parsed_ok=turn.parsed_ok,
         old_logprobs=list(logprobs) if logprobs is not None else None,
+        rollout_logprobs=list(logprobs) if logprobs is not None else None,
     )
 
 
@@ -119,6 +123,7 @@ def _sft_sample(
         loss_mask=[1] * len(completion),
         reward=0.0,
         old_logprobs=None,
+        rollout_logprobs=None,
         sft=True,
     )
 
@@ -144,10 +149,14 @@ def _trajectory_sample(
     if not completion and not any(mask):
         return None
     rewards = [t.reward for _, t in chain if t.reward is not None]
+    # the engine's logprobs are known for the last completion's own ids (the continuation is re-tokenized)
+    known = last.logprobs is not None and len(last.logprobs) == len(completion) and bool(completion)
+    rollout = [math.nan] * len(enc["input_ids"]) + list(last.logprobs) if known else None
     return Sample(
         prompt_ids=_encode(tokenizer, head),
         completion_ids=list(enc["input_ids"]) + completion,
         loss_mask=mask + [1] * len(completion),
+        rollout_logprobs=rollout,
         role=last.role,
         episode_id=episode_id,
         group_id=group_id,
@@ -244,6 +253,7 @@ class Batch:
     old_logprobs: torch.Tensor | None
     ref_logprobs: torch.Tensor | None
     roles: list[str]
+    rollout_logprobs: torch.Tensor | None = None  # nan where unknown
 
     def to(self, device: torch.device | str) -> Batch:
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
@@ -286,4 +296,13 @@ def collate(samples: list[Sample], pad_id: int) -> Batch:
         if have_ref
         else None,
         roles=[s.role for s in samples],
+        rollout_logprobs=_rollout_logprobs(samples, cwidth),
     )
+
+
+def _rollout_logprobs(samples: list[Sample], width: int) -> torch.Tensor | None:
+    """The engine's logprobs of a micro-batch, nan where unknown; None when no sample has any."""
+    if all(s.rollout_logprobs is None for s in samples):
+        return None
+    rows = [s.rollout_logprobs or [math.nan] * len(s.completion_ids) for s in samples]
+    return _padded(rows, width, math.nan, torch.float32)

@@ -66,6 +66,18 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KL
     raise ValueError(f"unknown KL estimator '{estimator}'; choose k1 or k3")
 
 
+def truncated_is_weights(
+    old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """min(π_old / π_rollout, `cap`) per token: the correction for tokens drawn from the rollout engine's
+    distribution rather than π_old (truncated importance sampling, as verl's rollout correction); 1 where
+    the engine gave no logprob (nan)."""
+    known = torch.isfinite(rollout_logprobs)
+    log_ratio = old_logprobs - torch.where(known, rollout_logprobs, old_logprobs)
+    weights = torch.exp(log_ratio.clamp(max=20.0)).clamp(max=cap)
+    return torch.where(known, weights, torch.ones_like(weights)).detach()
+
+
 def clipped_surrogate(
     ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,6 +105,7 @@ def policy_loss(
     num_seqs: float | None = None,
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
+    is_weights: torch.Tensor | None = None,
 ) -> LossOutput:
     """Clipped policy-gradient loss (to minimize).
 
@@ -101,7 +114,9 @@ def policy_loss(
     `advantages` is [B] (one per sequence, broadcast over its tokens) or [B, T]. With `ref_logprobs` and
     `kl_coef` > 0 the loss adds β · KL(π_θ ‖ π_ref), aggregated the same way. With the per-token `entropy`
     [B, T] of π_θ the stats report its mean over trained tokens, and `entropy_coef` > 0 subtracts
-    c · entropy (an exploration bonus), aggregated like the policy loss."""
+    c · entropy (an exploration bonus), aggregated like the policy loss. `is_weights` [B, T] (detached)
+    weights each token's surrogate: truncated importance sampling for tokens the rollout engine sampled
+    from a distribution other than π_old (`truncated_is_weights`)."""
     mask = mask.to(logprobs.dtype)
     adv = advantages[:, None] if advantages.dim() == 1 else advantages
     adv = adv.expand_as(logprobs)
@@ -113,6 +128,8 @@ def policy_loss(
         raise ValueError(f"unknown ratio level '{level}'; choose token or sequence")
     ratio = torch.exp(log_ratio.clamp(max=20.0))
     per_token, was_clipped = clipped_surrogate(ratio, adv, clip_low, clip_high)
+    if is_weights is not None:
+        per_token = per_token * is_weights
     pg_loss = aggregate(per_token, mask, agg, num_tokens, num_seqs)
     loss = pg_loss
     with torch.no_grad():

@@ -142,9 +142,51 @@ def credit_stats(samples: list[Sample]) -> dict[str, float]:
     return out
 
 
+def mismatch_sums(samples: list[Sample]) -> dict[str, list[float]]:
+    """Per role, over the trained tokens whose rollout engine gave a logprob: [tokens, Σ |π_rollout − π_old|,
+    max |π_rollout − π_old|, Σ k3], with k3 = (r − 1) − log r and r = π_old / π_rollout, an unbiased
+    estimate of KL(π_rollout ‖ π_old) on tokens sampled from π_rollout. Combine processes' with
+    `mismatch_stats`."""
+    sums: dict[str, list[float]] = {}
+    for s in samples:
+        if s.sft or s.rollout_logprobs is None or s.old_logprobs is None:
+            continue
+        rows = zip(s.rollout_logprobs, s.old_logprobs, s.loss_mask, strict=True)
+        pairs = [(r, o) for r, o, m in rows if m and math.isfinite(r)]
+        if not pairs:
+            continue
+        rollout, old = np.array(pairs).T
+        gap = np.abs(np.exp(rollout) - np.exp(old))
+        log_r = old - rollout
+        role = sums.setdefault(s.role, [0.0, 0.0, 0.0, 0.0])
+        role[0] += len(pairs)
+        role[1] += float(gap.sum())
+        role[2] = max(role[2], float(gap.max()))
+        role[3] += float((np.exp(log_r) - 1 - log_r).sum())
+    return sums
+
+
+def mismatch_stats(per_process: list[dict[str, list[float]]]) -> dict[str, float]:
+    """The log's rollout-vs-trainer mismatch from every process's `mismatch_sums`: per role the mean and
+    max of |π_rollout − π_old| per token and the mean k3 KL estimate."""
+    merged: dict[str, list[float]] = {}
+    for sums in per_process:
+        for role, (n, total, top, k3) in sums.items():
+            acc = merged.setdefault(role, [0.0, 0.0, 0.0, 0.0])
+            acc[0], acc[1], acc[2], acc[3] = acc[0] + n, acc[1] + total, max(acc[2], top), acc[3] + k3
+    out: dict[str, float] = {}
+    for role, (n, total, top, k3) in sorted(merged.items()):
+        out[f"mismatch/prob_diff_mean/{role}"] = total / n
+        out[f"mismatch/prob_diff_max/{role}"] = top
+        out[f"mismatch/kl/{role}"] = k3 / n
+    return out
+
+
 def light(sample: Sample) -> Sample:
     """A sample without its prompt and per-token lists, for the log statistics of all processes."""
-    return replace(sample, prompt_ids=[], loss_mask=[], old_logprobs=None, ref_logprobs=None)
+    return replace(
+        sample, prompt_ids=[], loss_mask=[], old_logprobs=None, ref_logprobs=None, rollout_logprobs=None
+    )
 
 
 def trace(episode: Episode) -> dict[str, Any]:

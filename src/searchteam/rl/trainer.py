@@ -39,7 +39,7 @@ from searchteam.rl.distributed import check_distributed, make_accelerator, slowe
 from searchteam.rl.experience import Render, Sample, samples_from_episodes
 from searchteam.rl.expert_iteration import ExpertIteration
 from searchteam.rl.policy import Policy
-from searchteam.rl.run_log import RunLog, credit_stats, light, role_stats
+from searchteam.rl.run_log import RunLog, credit_stats, light, mismatch_stats, mismatch_sums, role_stats
 from searchteam.rl.update import PolicyUpdater
 from searchteam.types import Episode
 
@@ -150,6 +150,7 @@ class Trainer:
             record.update(self.updater.rl_update(samples, self.step))
         else:
             record.update({"skipped_updates": 0, "updates": 0})
+        record.update(mismatch_stats(gather_object([mismatch_sums(samples)])))
         everyone = gather_object([light(s) for s in samples])
         record.update(role_stats([s for s in everyone if not s.sft]))
         if num_samples:

@@ -26,7 +26,7 @@ from searchteam.rl.batching import Slot, deal, lockstep, micro_batches, mini_bat
 from searchteam.rl.config import TrainConfig
 from searchteam.rl.distributed import mean_over_ranks, sum_over_ranks, whiten_over_ranks
 from searchteam.rl.experience import Batch, Sample, collate
-from searchteam.rl.losses import policy_loss, sft_loss, value_loss
+from searchteam.rl.losses import policy_loss, sft_loss, truncated_is_weights, value_loss
 from searchteam.rl.policy import Policy
 
 Optimizer = torch.optim.Optimizer
@@ -297,6 +297,7 @@ class PolicyUpdater:
             num_seqs=num_seqs,
             entropy=entropy,
             entropy_coef=cfg.entropy_coef,
+            is_weights=self.is_weights(batch),
         )
         loss = out.loss
         rows = [i for i, s in enumerate(chunk) if trains_critic(cfg.estimator_of(s.role))]
@@ -309,6 +310,13 @@ class PolicyUpdater:
             out.stats.update(vout.stats)
         out.stats["loss"] = loss.item()
         return loss, out.stats
+
+    def is_weights(self, batch: Batch) -> torch.Tensor | None:
+        """Truncated importance-sampling weights of the batch's tokens (`rollout_is_cap`), if on and known."""
+        cap = self.config.rollout_is_cap
+        if cap is None or batch.rollout_logprobs is None or batch.old_logprobs is None:
+            return None
+        return truncated_is_weights(batch.old_logprobs, batch.rollout_logprobs, cap)
 
     def step_if_finite(self, finite: bool, grad_norm: torch.Tensor | float, optimizer: Optimizer) -> bool:
         """Apply the accumulated gradients unless a loss (on any process) or the gradient norm is not finite;
