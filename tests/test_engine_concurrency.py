@@ -4,17 +4,22 @@ episode makes it, with at most `server.concurrency` in flight, so no request wai
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
+import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from searchteam.llm.base import GenerationRequest, SamplingParams
+from searchteam.llm.base import GenerationRequest, LLMError, SamplingParams
 from searchteam.llm.openai import OpenAIBackend
-from searchteam.runtime import make_backends
+from searchteam.llm.scripted import ScriptedLLM
+from searchteam.methods import get_team
+from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.runtime.batcher import Batcher, Dispatcher
-from tests.fake_vllm import byte_tokenizer
-from tests.helpers import serve_on_loopback
+from searchteam.types import Question
+from tests.fake_vllm import FakeVLLM, byte_tokenizer
+from tests.helpers import PASSAGES, TinyRetriever, serve_on_loopback
 
 SECONDS_PER_TOKEN = 0.002  # the busy engine's service time per requested token
 CONTEXT = 4096  # the engine's context length, in tokens
@@ -107,17 +112,11 @@ async def test_a_slow_request_holds_back_no_other_episode():
 
 
 def test_in_process_engines_keep_the_batcher():
-    from searchteam.llm.scripted import ScriptedLLM
-
     (frontend,) = make_backends({"policy": ScriptedLLM(lambda r: "x")}, None, max_batch=16).llms.values()
     assert isinstance(frontend, Batcher) and frontend.max_batch == 16
 
 
 async def test_a_prompt_longer_than_the_context_fails_its_episode_only():
-    from searchteam.methods import get_team
-    from searchteam.runtime import Sampling, run_episodes
-    from searchteam.types import Question
-    from tests.helpers import PASSAGES, TinyRetriever
 
     engine = BusyEngine()
     questions = [
@@ -133,3 +132,40 @@ async def test_a_prompt_longer_than_the_context_fails_its_episode_only():
     assert [e.error is None for e in episodes] == [True, False, True]
     assert episodes[1].error.startswith("RequestRejected") and "maximum context length" in episodes[1].error
     assert engine.refused == 1  # not retried: only transient failures are
+
+
+async def test_several_servers_each_load_the_adapters_and_share_the_episodes(tmp_path):
+    """Two replicas: the adapter loads on both, every episode's requests go to one of them, both get
+    episodes, and closing unloads from both."""
+    adapter = tmp_path / "policy"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    fakes = [FakeVLLM(tokenizer=TOKENIZER), FakeVLLM(tokenizer=TOKENIZER)]
+    with serve_on_loopback(fakes[0].app()) as first, serve_on_loopback(fakes[1].app()) as second:
+        backend = OpenAIBackend("base", [first, second], tokenizer=TOKENIZER, concurrency=8)
+        (name,) = backend.load_adapters({"": adapter}).values()
+        assert all(list(fake.loras) == [name] for fake in fakes)
+        (frontend,) = make_backends({"policy": backend}, None).llms.values()
+
+        async def episode(session: str) -> None:
+            for call in range(3):
+                text = f"episode {session} call {call}"
+                await frontend.submit(GenerationRequest([{"role": "user", "content": text}], session=session))
+
+        await asyncio.gather(*(episode(f"e{i}") for i in range(8)))
+        await frontend.aclose()
+        backend.close()
+    sessions = [
+        [TOKENIZER.decode(p).split("episode ")[1].split(" ")[0] for p in fake.prompts] for fake in fakes
+    ]
+    assert all(sessions) and not set(sessions[0]) & set(sessions[1])  # each episode on one server
+    assert sorted(sessions[0] + sessions[1]) == sorted(f"e{i}" for i in range(8) for _ in range(3))
+    assert all(fake.requests[-1]["model"] == name for fake in fakes) and not any(f.loras for f in fakes)
+
+
+def test_a_server_that_fails_is_named(tmp_path):
+    with serve_on_loopback(FakeVLLM(tokenizer=TOKENIZER).app()) as alive:
+        backend = OpenAIBackend("base", [alive, "http://127.0.0.1:9/v1"], tokenizer=TOKENIZER, max_retries=0)
+        (tmp_path / "adapter_config.json").write_text('{"r": 8}')
+        with pytest.raises(LLMError, match=r"vLLM at http://127.0.0.1:9/v1 unreachable"):
+            backend.load_adapters({"": tmp_path})

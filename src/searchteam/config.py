@@ -76,8 +76,10 @@ class RunConfig(BaseModel):
     ov_precision: Literal["int8", "fp16", "fp32"] = Field(
         "int8", description="weights of the ov backend's converted model (fp32: exactly the hf model)"
     )
-    base_url: str | None = Field(
-        None, description="with backend: openai, the server of the policy and of the run's other models"
+    base_url: str | list[str] | None = Field(
+        None,
+        description="with backend: openai, the server of the policy and of the run's other models; several "
+        "servers of the same model as a list (or comma-separated): requests go to the least busy",
     )
     engine: EngineSettings = Field(default_factory=EngineSettings, description="backend: vllm's engine")
     server: ServerSettings = Field(default_factory=ServerSettings, description="backend: openai's client")
@@ -141,6 +143,16 @@ class RunConfig(BaseModel):
         "the shipped one); cross:NAME or bi:NAME forces the kind",
     )
     rerank_depth: int = Field(20, ge=1, le=1000, description="candidates per search the reranker rescores")
+
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _split_servers(cls, value: Any) -> Any:
+        """`--base-url http://a:8000/v1,http://b:8000/v1` or a YAML list; one server stays a string."""
+        if isinstance(value, str) and "," in value:
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, list) and len(value) == 1:
+            return value[0]
+        return value
 
     @field_validator("report_to", mode="before")
     @classmethod

@@ -69,7 +69,11 @@ def policy_llm(config: RunConfig) -> LLM:
 
 
 def secondary_llm(
-    config: RunConfig, model: str, backend: str = "auto", base_url: str | None = None, logprobs: bool = False
+    config: RunConfig,
+    model: str,
+    backend: str = "auto",
+    base_url: str | list[str] | None = None,
+    logprobs: bool = False,
 ) -> LLM:
     """Another model of the run (a judge, an extra model, QAgent's frozen generator, a warm start's
     teacher): on `backend` when one is named, else where `secondary_backend` puts it (the run's server,
@@ -80,7 +84,9 @@ def secondary_llm(
     return _build(config, model, backend, base_url or config.base_url, logprobs)
 
 
-def _build(config: RunConfig, model: str, backend: str, base_url: str | None, logprobs: bool = False) -> LLM:
+def _build(
+    config: RunConfig, model: str, backend: str, base_url: str | list[str] | None, logprobs: bool = False
+) -> LLM:
     return build_llm(
         model,
         backend=backend,

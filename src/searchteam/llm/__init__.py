@@ -53,7 +53,7 @@ def build_llm(
     model: str = DEFAULT_MODEL,
     *,
     backend: str = "auto",
-    base_url: str | None = None,
+    base_url: str | list[str] | None = None,
     device: str | None = None,
     dtype: str | None = None,
     logprobs: bool = False,

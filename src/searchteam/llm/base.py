@@ -48,6 +48,7 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     continuation: str = ""
     role: str = ""  # who asks; backends with one adapter per role route on it
+    session: str = ""  # the episode that asks; a backend with several servers keeps it on one
 
 
 @dataclass

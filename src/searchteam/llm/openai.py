@@ -16,6 +16,7 @@ sampled ids, which training requires.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
 import json
@@ -27,7 +28,8 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,6 +56,7 @@ LORA_HINT = (
     "start vLLM with `--enable-lora --max-lora-rank R` (R >= the adapter's r) and the environment variable "
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
 )
+MAX_SESSIONS = 100_000  # episodes whose server is remembered (the oldest are forgotten)
 # vLLM's answers to a request that does not fit the model's context (HTTP 400), over its versions
 TOO_LONG = re.compile(r"maximum context length|maximum model length|longer than the maximum|too large", re.I)
 TOKEN_IDS_HINT = (
@@ -88,12 +91,16 @@ class OpenAIBackend:
     token ids; `server` sends chats; `auto` is `client` when a tokenizer is given or the model's loads from
     local files, else `server`. `namespace` prefixes the served adapter names (default: one of its own);
     adapters whose name is in it and that this backend does not serve are stale, unloaded before the
-    first load."""
+    first load.
+
+    `base_url` may list several servers of the same model (replicas): adapters load on every one, and each
+    request goes to the server with the fewest requests of this backend in flight, the requests of one
+    episode (`GenerationRequest.session`) to the server of its first (its prefix cache holds the prompt)."""
 
     def __init__(
         self,
         model: str,
-        base_url: str,
+        base_url: str | Sequence[str],
         *,
         api_key: str | None = None,
         timeout: float = 120.0,
@@ -104,7 +111,14 @@ class OpenAIBackend:
         namespace: str | None = None,
     ) -> None:
         self.name = model
-        self.base_url = base_url.rstrip("/")
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise LLMError(f"backend 'openai' for '{model}' needs a server: base_url is empty")
+        self.base_urls = [url.rstrip("/") for url in urls]
+        self.base_url = self.base_urls[0]
+        self._in_flight = dict.fromkeys(self.base_urls, 0)  # this backend's requests per server
+        self._sessions: OrderedDict[str, str] = OrderedDict()  # episode -> its server
+        self._route_lock = threading.Lock()
         self.api_key = api_key or os.environ.get("OPENAI_API_KEY", "EMPTY")
         self.timeout = timeout
         self.max_retries = max_retries
@@ -121,7 +135,9 @@ class OpenAIBackend:
         self._cleaned = False
         self._async_client: httpx.AsyncClient | None = None
         self._async_client_loop: asyncio.AbstractEventLoop | None = None
-        self._finalizer = weakref.finalize(self, _unload_quietly, self.base_url, self._headers(), self._owned)
+        self._finalizer = weakref.finalize(
+            self, _unload_quietly, self.base_urls, self._headers(), self._owned
+        )
 
     # ---- training hooks -------------------------------------------------------------------------------
 
@@ -155,8 +171,9 @@ class OpenAIBackend:
                 self._unload_stale(client)
             for role, folder in adapters.items():
                 body = {"lora_name": new[role], "lora_path": str(Path(folder).absolute())}
-                self._lora_call(client, "load_lora_adapter", body, Path(folder))
                 self._owned.append(new[role])
+                for url in self.base_urls:
+                    self._lora_call(client, url, "load_lora_adapter", body, Path(folder))
             old, self._adapters = self._adapters, new
             for name in old.values():
                 self._unload_own(client, name)
@@ -173,7 +190,7 @@ class OpenAIBackend:
         return dict(self._adapters)
 
     def unload_stale(self) -> list[str]:
-        """Unload the adapters on the server in this namespace that this backend does not serve (left by a
+        """Unload the adapters on the servers in this namespace that this backend does not serve (left by a
         run that crashed or was resumed); returns their names."""
         with httpx.Client(timeout=self.timeout, headers=self._headers()) as client:
             return self._unload_stale(client)
@@ -195,47 +212,53 @@ class OpenAIBackend:
     def _unload_stale(self, client: httpx.Client) -> list[str]:
         self._cleaned = True
         prefix, live = f"{self.namespace}:", set(self._adapters.values())
-        stale = [name for name in self._served_names(client) if name.startswith(prefix) and name not in live]
-        for name in stale:
-            self._lora_call(client, "unload_lora_adapter", {"lora_name": name}, missing_ok=True)
+        stale: list[str] = []
+        for url in self.base_urls:
+            names = [n for n in self._served_names(client, url) if n.startswith(prefix) and n not in live]
+            for name in names:
+                self._lora_call(client, url, "unload_lora_adapter", {"lora_name": name}, missing_ok=True)
+            stale += [n for n in names if n not in stale]
         return stale
 
-    def _served_names(self, client: httpx.Client) -> list[str]:
-        """The ids `/v1/models` lists (base models and loaded adapters); none when it cannot say."""
+    def _served_names(self, client: httpx.Client, url: str) -> list[str]:
+        """The ids `/v1/models` of the server at `url` lists (base models and loaded adapters); none when it
+        cannot say."""
         try:
-            resp = client.get(f"{self.base_url}/models")
+            resp = client.get(f"{url}/models")
         except httpx.TransportError as exc:
-            raise LLMError(f"vLLM at {self.base_url} unreachable for /models: {exc}") from exc
+            raise LLMError(f"vLLM at {url} unreachable for /models: {exc}") from exc
         if resp.status_code != 200:
             return []
         return [str(card.get("id")) for card in resp.json().get("data", []) if isinstance(card, dict)]
 
     def _unload_own(self, client: httpx.Client, name: str) -> None:
-        self._lora_call(client, "unload_lora_adapter", {"lora_name": name}, missing_ok=True)
+        for url in self.base_urls:
+            self._lora_call(client, url, "unload_lora_adapter", {"lora_name": name}, missing_ok=True)
         if name in self._owned:
             self._owned.remove(name)
 
     def _lora_call(
         self,
         client: httpx.Client,
+        url: str,
         endpoint: str,
         body: dict,
         folder: Path | None = None,
         missing_ok: bool = False,
     ) -> None:
-        """POST a vLLM runtime LoRA endpoint; a refusal or no answer is an LLMError saying what to do.
-        `missing_ok`: an unload of a name the server no longer has is fine."""
+        """POST a vLLM runtime LoRA endpoint of the server at `url`; a refusal or no answer is an LLMError
+        saying what to do. `missing_ok`: an unload of a name the server no longer has is fine."""
         try:
-            resp = client.post(f"{self.base_url}/{endpoint}", json=body)
+            resp = client.post(f"{url}/{endpoint}", json=body)
         except httpx.TransportError as exc:
-            raise LLMError(f"vLLM at {self.base_url} unreachable for {endpoint}: {exc}") from exc
+            raise LLMError(f"vLLM at {url} unreachable for {endpoint}: {exc}") from exc
         if resp.status_code < 400:
             return
         detail = _error_message(resp)
         if missing_ok and resp.status_code == 404 and "cannot be found" in detail:
             return
         raise LLMError(
-            f"vLLM at {self.base_url} refused {endpoint} for '{body['lora_name']}' "
+            f"vLLM at {url} refused {endpoint} for '{body['lora_name']}' "
             f"(HTTP {resp.status_code}: {detail}); {_lora_advice(detail, folder)}."
         )
 
@@ -260,6 +283,24 @@ class OpenAIBackend:
         tokenizer = self._client_tokenizer()
         prompt = render_prompt_ids(tokenizer, request) if tokenizer else None
         return await self._complete(self._loop_client(), request, prompt)
+
+    def _route(self, session: str) -> str:
+        """The server of a request of episode `session` (counted in flight until `_done`): the one of its
+        first request, else the least busy."""
+        with self._route_lock:
+            url = self._sessions.get(session) if session else None
+            if url is None:
+                url = min(self.base_urls, key=self._in_flight.__getitem__)
+                if session:
+                    self._sessions[session] = url
+                    if len(self._sessions) > MAX_SESSIONS:
+                        self._sessions.popitem(last=False)
+            self._in_flight[url] += 1
+            return url
+
+    def _done(self, url: str) -> None:
+        with self._route_lock:
+            self._in_flight[url] -= 1
 
     async def aclose(self) -> None:
         client, self._async_client = self._async_client, None
@@ -326,7 +367,16 @@ class OpenAIBackend:
     async def _complete(
         self, client: httpx.AsyncClient, req: GenerationRequest, prompt_ids: list[int] | None
     ) -> Completion:
-        url = f"{self.base_url}/{'completions' if prompt_ids is not None else 'chat/completions'}"
+        server = self._route(req.session)
+        try:
+            return await self._complete_on(server, client, req, prompt_ids)
+        finally:
+            self._done(server)
+
+    async def _complete_on(
+        self, server: str, client: httpx.AsyncClient, req: GenerationRequest, prompt_ids: list[int] | None
+    ) -> Completion:
+        url = f"{server}/{'completions' if prompt_ids is not None else 'chat/completions'}"
         payload = self._payload(req, prompt_ids)
         last_error = ""
         for attempt in range(self.max_retries + 1):
@@ -336,26 +386,28 @@ class OpenAIBackend:
                 last_error = f"{type(exc).__name__}: {exc}"
             else:
                 if resp.status_code == 200:
-                    return self._parse(resp.json(), req, prompt_ids)
+                    return self._parse(resp.json(), req, prompt_ids, server)
                 last_error = f"HTTP {resp.status_code}: {resp.text[:300]}"
                 if resp.status_code == 400 and TOO_LONG.search(detail := _error_message(resp)):
-                    raise RequestRejected(f"the server at {self.base_url} refused a request: {detail}")
+                    raise RequestRejected(f"the server at {server} refused a request: {detail}")
                 if resp.status_code < 500 and resp.status_code != 429:
                     break  # retried: transient failures only (no answer, 429, 5xx)
             if attempt < self.max_retries:
                 await asyncio.sleep(min(30.0, 0.5 * 2**attempt) * (0.5 + random.random()))
         raise LLMError(
-            f"OpenAI-compatible server at {self.base_url} failed for model '{payload['model']}': "
+            f"OpenAI-compatible server at {server} failed for model '{payload['model']}': "
             f"{last_error}. "
             "Check that the server is running and serves this model (e.g. `vllm serve MODEL`)."
         )
 
-    def _parse(self, data: dict, req: GenerationRequest, prompt_ids: list[int] | None) -> Completion:
+    def _parse(
+        self, data: dict, req: GenerationRequest, prompt_ids: list[int] | None, server: str
+    ) -> Completion:
         choice = data["choices"][0]
         token_ids = list(choice.get("token_ids") or [])
         # completions answer the prompt ids per choice, chat completions beside the choices
         served_prompt = list(choice.get("prompt_token_ids") or data.get("prompt_token_ids") or [])
-        self._check_token_ids(token_ids, served_prompt, prompt_ids)
+        self._check_token_ids(token_ids, served_prompt, prompt_ids, server)
         if prompt_ids is not None and token_ids:
             text = text_decoder(self._tokenizer)(token_ids)  # as the local backends decode them
         else:
@@ -372,14 +424,16 @@ class OpenAIBackend:
             finish_reason=choice.get("finish_reason") or "stop",
         )
 
-    def _check_token_ids(self, token_ids: list[int], served: list[int], sent: list[int] | None) -> None:
+    def _check_token_ids(
+        self, token_ids: list[int], served: list[int], sent: list[int] | None, server: str
+    ) -> None:
         """Training needs the ids (a server that dropped them would have the trainer re-tokenize text), and
         a server that answers other prompt ids than it was sent did not generate from our prompt."""
         if self.require_token_ids and not (token_ids and (served or sent is not None)):
-            raise LLMError(f"the server at {self.base_url} returned no token ids: {TOKEN_IDS_HINT}")
+            raise LLMError(f"the server at {server} returned no token ids: {TOKEN_IDS_HINT}")
         if sent is not None and served and served != sent:
             raise LLMError(
-                f"the server at {self.base_url} answered for other prompt token ids than it was sent "
+                f"the server at {server} answered for other prompt token ids than it was sent "
                 f"({len(served)} ids, {len(sent)} sent)"
             )
 
@@ -444,17 +498,16 @@ def _lora_advice(detail: str, folder: Path | None) -> str:
     return f"{LORA_HINT}{rank}"
 
 
-def _unload_quietly(base_url: str, headers: dict[str, str], names: list[str]) -> None:
-    """Finalizer of a backend: unload the adapters it still owns, ignoring a server that is gone."""
+def _unload_quietly(base_urls: list[str], headers: dict[str, str], names: list[str]) -> None:
+    """Finalizer of a backend: unload the adapters it still owns, ignoring servers that are gone."""
     if not names:
         return
-    try:
-        with httpx.Client(timeout=10.0, headers=headers) as client:
-            for name in list(names):
-                client.post(f"{base_url}/unload_lora_adapter", json={"lora_name": name})
-                names.remove(name)
-    except httpx.HTTPError:
-        pass
+    with httpx.Client(timeout=10.0, headers=headers) as client:
+        for url in base_urls:
+            for name in names:
+                with contextlib.suppress(httpx.HTTPError):
+                    client.post(f"{url}/unload_lora_adapter", json={"lora_name": name})
+    names.clear()
 
 
 def _base36(n: int) -> str:

@@ -58,6 +58,7 @@ class Context:
         self.training = training
         self.on_turn = on_turn
         self.step = 0
+        self.session = f"{id(episode):x}"  # this episode's requests, for a backend that keeps them together
 
     async def llm(
         self,
@@ -76,7 +77,7 @@ class Context:
         if model not in self.backends.llms:
             model = "policy"
         sampling = self.sampling.for_role(role, stop, max_new_tokens)
-        request = GenerationRequest(messages, sampling, continuation, role=role)
+        request = GenerationRequest(messages, sampling, continuation, role=role, session=self.session)
         started = time.perf_counter()
         completion = await self.backends.llms[model].submit(request)
         turn = Turn(
