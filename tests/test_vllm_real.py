@@ -74,10 +74,10 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         calls.append({"request": req, "role": req.role, "routed": routed, "body": body})
         return body
 
-    def record_parse(self, data, req, prompt_ids):
+    def record_parse(self, data, req, prompt_ids, server):
         call = next(c for c in reversed(calls) if c["request"] is req)
         call["served_prompt"] = data["choices"][0].get("prompt_token_ids")
-        return parse(self, data, req, prompt_ids)
+        return parse(self, data, req, prompt_ids, server)
 
     monkeypatch.setattr(OpenAIBackend, "_payload", record_payload)
     monkeypatch.setattr(OpenAIBackend, "_parse", record_parse)
