@@ -284,24 +284,6 @@ class OpenAIBackend:
         prompt = render_prompt_ids(tokenizer, request) if tokenizer else None
         return await self._complete(self._loop_client(), request, prompt)
 
-    def _route(self, session: str) -> str:
-        """The server of a request of episode `session` (counted in flight until `_done`): the one of its
-        first request, else the least busy."""
-        with self._route_lock:
-            url = self._sessions.get(session) if session else None
-            if url is None:
-                url = min(self.base_urls, key=self._in_flight.__getitem__)
-                if session:
-                    self._sessions[session] = url
-                    if len(self._sessions) > MAX_SESSIONS:
-                        self._sessions.popitem(last=False)
-            self._in_flight[url] += 1
-            return url
-
-    def _done(self, url: str) -> None:
-        with self._route_lock:
-            self._in_flight[url] -= 1
-
     async def aclose(self) -> None:
         client, self._async_client = self._async_client, None
         if client is not None:
@@ -363,6 +345,24 @@ class OpenAIBackend:
             messages.append({"role": "assistant", "content": req.continuation})
             body.update(add_generation_prompt=False, continue_final_message=True)  # vLLM / SGLang
         return {**body, "messages": messages}
+
+    def _route(self, session: str) -> str:
+        """The server of a request of episode `session` (counted in flight until `_done`): the one of its
+        first request, else the least busy."""
+        with self._route_lock:
+            url = self._sessions.get(session) if session else None
+            if url is None:
+                url = min(self.base_urls, key=self._in_flight.__getitem__)
+                if session:
+                    self._sessions[session] = url
+                    if len(self._sessions) > MAX_SESSIONS:
+                        self._sessions.popitem(last=False)
+            self._in_flight[url] += 1
+            return url
+
+    def _done(self, url: str) -> None:
+        with self._route_lock:
+            self._in_flight[url] -= 1
 
     async def _complete(
         self, client: httpx.AsyncClient, req: GenerationRequest, prompt_ids: list[int] | None
