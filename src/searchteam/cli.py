@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from searchteam.auth import API_KEY_ENV
 from searchteam.config import ConfigError, RunConfig, load_config, parse_settings
 from searchteam.data.benchmark import DataError
 from searchteam.llm.base import LLMError
@@ -79,7 +80,7 @@ DeviceOpt = Annotated[str | None, typer.Option(help="cpu | cuda | auto")]
 ApiKeyOpt = Annotated[
     str | None,
     typer.Option(
-        envvar="SEARCHTEAM_API_KEY",
+        envvar=API_KEY_ENV,
         help="Require this key on every request but /health (Authorization: Bearer KEY).",
     ),
 ]

@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 import httpx
 
+from searchteam.auth import auth_header
 from searchteam.llm.base import (
     SHARED,
     Completion,
@@ -267,7 +268,7 @@ class OpenAIBackend:
         return self._adapters.get(role) or self._adapters.get(SHARED) or self.name
 
     def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"}
+        return auth_header(self.api_key)
 
     # ---- generation -------------------------------------------------------------------------------------
 
@@ -504,8 +505,8 @@ def _unload_quietly(base_urls: list[str], headers: dict[str, str], names: list[s
         return
     with httpx.Client(timeout=10.0, headers=headers) as client:
         for url in base_urls:
-            for name in names:
-                with contextlib.suppress(httpx.HTTPError):
+            with contextlib.suppress(httpx.HTTPError):  # a server that is gone: on to the next
+                for name in names:
                     client.post(f"{url}/unload_lora_adapter", json={"lora_name": name})
     names.clear()
 
