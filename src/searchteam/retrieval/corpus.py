@@ -6,8 +6,9 @@ import gzip
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+from searchteam.data import CORPUS_PATH
 from searchteam.retrieval.base import RetrievalError
 from searchteam.types import Passage
 
@@ -43,6 +44,45 @@ def load_corpus(path: str | Path) -> list[Passage]:
     if not passages:
         raise RetrievalError(f"{path}: the corpus has no passages")
     return passages
+
+
+def corpus_of_run(config: dict[str, Any], override: Path | None = None) -> tuple[Path | None, str]:
+    """The corpus file a run searched (from its `config.yaml`: `corpus`, or the shipped one for `bm25` and
+    `dense`), or None with the reason it is unknown (a run that searched a retrieval server)."""
+    if override is not None:
+        return override, ""
+    if config.get("corpus"):
+        return Path(config["corpus"]), ""
+    retriever = str(config.get("retriever") or "bm25")
+    if retriever.startswith(("http://", "https://")):
+        return None, f"the run searched a retrieval server ({retriever}); pass --corpus to show its passages"
+    return CORPUS_PATH, ""
+
+
+def find_passages(path: Path, wanted: set[str]) -> dict[str, Passage]:
+    """The passages of a corpus file whose ids are in `wanted`, read in one pass that stops when all are
+    found: a large corpus costs a scan, not its size in memory. Unreadable lines are skipped."""
+    found: dict[str, Passage] = {}
+    if not wanted:
+        return found
+    with _open_text(path) as fh:
+        for n, line in enumerate(fh, 1):
+            try:
+                row_id = json.loads(line).get("id")
+            except (json.JSONDecodeError, AttributeError):
+                continue
+            if row_id is not None and str(row_id) in wanted:
+                passage = parse_passage_line(line, f"{path}:{n}")
+                found[passage.id] = passage
+                if len(found) == len(wanted):
+                    break
+    return found
+
+
+def _open_text(path: Path) -> IO[str]:
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return path.open("r", encoding="utf-8")
 
 
 def passage_text(p: Passage) -> str:

@@ -213,6 +213,12 @@ class TrainConfig(BaseModel):
         True, description="TensorBoard curves under RUN/tensorboard when the run sets no report_to"
     )
     save_rollouts: bool = Field(True, description="append every step's rewarded episodes to rollouts.jsonl")
+    save_rollout_prompts: bool = Field(
+        False,
+        description="rollouts.jsonl keeps whole episodes: each turn's prompt messages, continuation, token "
+        "ids and logprobs, and each search's passages (about 20 KB per QAgent episode), so `searchteam "
+        "export` can write the rollouts' prompts and exact tokens",
+    )
     dist_timeout_s: int = Field(
         1800,
         ge=10,

@@ -84,13 +84,23 @@ def _completion_ids(tokenizer, turn: Turn) -> list[int]:
     return list(turn.completion_token_ids) or (_encode(tokenizer, turn.completion) if turn.completion else [])
 
 
+def turn_token_ids(turn: Turn, tokenizer, render: Render) -> tuple[list[int], list[int]]:
+    """A turn's prompt and completion ids: the engine's where it recorded them, else rendered (`render`) and
+    tokenized. An ExperienceError when a continued turn recorded neither its ids nor its continuation."""
+    return _prompt_ids(tokenizer, turn, render), _completion_ids(tokenizer, turn)
+
+
+def _prompt_ids(tokenizer, turn: Turn, render: Render) -> list[int]:
+    return list(turn.prompt_token_ids) or _encode(tokenizer, render(turn))
+
+
 def _turn_sample(
     turn: Turn, index: int, episode_id: int, group_id: str, tokenizer, render: Render
 ) -> Sample | None:
     completion = _completion_ids(tokenizer, turn)
     if not completion:
         return None
-    prompt = list(turn.prompt_token_ids) or _encode(tokenizer, render(turn))
+    prompt = _prompt_ids(tokenizer, turn, render)
     logprobs = turn.logprobs if turn.logprobs is not None and len(turn.logprobs) == len(completion) else None
     return Sample(
         prompt_ids=prompt,

@@ -77,10 +77,12 @@ class RunLog:
             tracking.finish(self.accelerator)
             self._tracking = False
 
-    def rollouts(self, episodes: list[Episode], step: int) -> None:
-        """Traces for reading what the policy did, every process's: each episode's turns with completion,
-        format flag and reward (prompts and token ids left out; `searchteam eval` keeps them in full)."""
-        lines = gather_object([json.dumps({"step": step, **trace(e)}) for e in episodes])
+    def rollouts(self, episodes: list[Episode], step: int, whole: bool = False) -> None:
+        """Every process's episodes of a step: traces for reading what the policy did (each turn's
+        completion, format flag and reward), or with `whole` the episodes as recorded, prompts and token
+        ids included."""
+        record = whole_episode if whole else trace
+        lines = gather_object([json.dumps({"step": step, **record(e)}) for e in episodes])
         if not self.accelerator.is_main_process:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -197,6 +199,11 @@ def trace(episode: Episode) -> dict[str, Any]:
         include={"question", "answer", "error", "group_id", "reward", "reward_terms", "meta", "turns"},
         exclude={"turns": {"__all__": {"messages", "prompt_token_ids", "completion_token_ids", "logprobs"}}},
     )
+
+
+def whole_episode(episode: Episode) -> dict[str, Any]:
+    """An episode for `rollouts.jsonl` as recorded: prompts, continuations, token ids, passages."""
+    return episode.model_dump(mode="json")
 
 
 def jsonable(record: dict[str, Any]) -> dict[str, Any]:

@@ -187,7 +187,7 @@ class Trainer:
             stats["time/rollout"] += t1 - t0 - sum(inner.values())
             stats["time/reward"] += time.perf_counter() - t1
             if cfg.save_rollouts:
-                self.log.rollouts(new, self.step + 1)
+                self.log.rollouts(new, self.step + 1, whole=cfg.save_rollout_prompts)
             episodes += new
             samples = samples_from_episodes(
                 episodes,

@@ -16,7 +16,8 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from searchteam.viewer.passages import PassageStore, corpus_for
+from searchteam.retrieval.corpus import corpus_of_run
+from searchteam.viewer.passages import PassageStore
 from searchteam.viewer.runs import CORRECTNESS_METRICS, Filters, Run, open_run
 
 MAX_PAGE = 500
@@ -89,7 +90,7 @@ def create_app(run_dirs: list[Path], corpus: Path | None = None) -> FastAPI:
 def _passage_stores(runs: list[Run], override: Path | None) -> list[PassageStore]:
     """One store per run, shared between runs that searched the same corpus."""
     by_corpus: dict[tuple[Path | None, str], set[str]] = {}
-    located = [corpus_for(run.config, override) for run in runs]
+    located = [corpus_of_run(run.config, override) for run in runs]
     for run, where in zip(runs, located, strict=True):
         by_corpus.setdefault(where, set()).update(run.passage_ids)
     shared = {where: PassageStore(where[0], ids, where[1]) for where, ids in by_corpus.items()}

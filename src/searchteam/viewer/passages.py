@@ -8,29 +8,13 @@ one pass over the file in a background thread, not its size in memory.
 
 from __future__ import annotations
 
-import gzip
-import json
 import threading
 from pathlib import Path
-from typing import IO, Any
 
-from searchteam.data import CORPUS_PATH
 from searchteam.retrieval.base import RetrievalError
-from searchteam.retrieval.corpus import parse_passage_line
+from searchteam.retrieval.corpus import find_passages
 
 FIRST_WAIT_S = 3.0  # an episode request waits this long for a small corpus to finish loading
-
-
-def corpus_for(config: dict[str, Any], override: Path | None = None) -> tuple[Path | None, str]:
-    """The corpus file a run searched, or None with the reason it is unknown."""
-    if override is not None:
-        return override, ""
-    if config.get("corpus"):
-        return Path(config["corpus"]), ""
-    retriever = str(config.get("retriever") or "bm25")
-    if retriever.startswith(("http://", "https://")):
-        return None, f"the run searched a retrieval server ({retriever}); pass --corpus to show its passages"
-    return CORPUS_PATH, ""
 
 
 class PassageStore:
@@ -62,29 +46,11 @@ class PassageStore:
     def _load(self) -> None:
         assert self.corpus is not None
         try:
-            with _open_text(self.corpus) as fh:
-                self._scan(fh)
+            found = find_passages(self.corpus, self.wanted)
+            self.found = {i: {"title": p.title, "text": p.text} for i, p in found.items()}
             missing = len(self.wanted) - len(self.found)
             self.status = "ready" if not missing else f"ready ({missing} ids not in {self.corpus})"
         except (OSError, EOFError, UnicodeDecodeError, RetrievalError) as exc:
             self.status = f"unavailable: cannot read corpus {self.corpus}: {exc}"
         finally:
             self._done.set()
-
-    def _scan(self, fh: IO[str]) -> None:
-        for n, line in enumerate(fh, 1):
-            try:
-                row_id = json.loads(line).get("id")
-            except (json.JSONDecodeError, AttributeError):
-                continue
-            if row_id is not None and str(row_id) in self.wanted:
-                p = parse_passage_line(line, f"{self.corpus}:{n}")
-                self.found[p.id] = {"title": p.title, "text": p.text}
-                if len(self.found) == len(self.wanted):
-                    return
-
-
-def _open_text(path: Path) -> IO[str]:
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open("r", encoding="utf-8")
