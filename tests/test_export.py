@@ -26,6 +26,11 @@ from searchteam.types import Episode, Question, Turn
 datasets = pytest.importorskip("datasets")
 
 
+def view_file(folder: Path, name: str) -> Path:
+    (path,) = folder.glob(f"{name}-*.parquet")
+    return path
+
+
 def eval_run(tmp: Path, method: str, llm, retriever, *, limit: int = 2) -> Path:
     """A real `evaluate` of the first `limit` HotpotQA dev questions into tmp/METHOD."""
     config = RunConfig(
@@ -55,7 +60,7 @@ def real_runs(tmp_path_factory, default_llm, bm25):
 
 def test_token_ids_are_the_ones_the_engine_saw(real_runs):
     _, seen, out, _ = real_runs
-    turns = datasets.load_dataset("parquet", data_files=str(out / "turns.parquet"), split="train")
+    turns = datasets.load_dataset("parquet", data_files=str(view_file(out, "turns")), split="train")
     recorded = [t for e in seen for t in e.turns]
     assert len(turns) == len(recorded) > 0
     assert any(t.continuation for t in recorded)  # the prefill and the continued Search-R1 message
@@ -73,7 +78,7 @@ def test_token_ids_are_the_ones_the_engine_saw(real_runs):
 
 def test_rows_carry_identity_task_passages_and_a_card(real_runs):
     runs, seen, out, report = real_runs
-    rows = pq.read_table(out / "turns.parquet").to_pylist()
+    rows = pq.read_table(view_file(out, "turns")).to_pylist()
     first = rows[0]
     identity = (first["run"], first["source"], first["method"], first["model"], first["adapter"])
     assert identity == ("naive_rag", "eval", "naive_rag", "smollm2-135m", "")
@@ -96,8 +101,8 @@ def test_rows_carry_identity_task_passages_and_a_card(real_runs):
 def test_turns_continued_after_retrieved_text_stay_out_of_chat_views_and_in_stepwise(real_runs):
     _, seen, out, report = real_runs
     continued = sum(1 for e in seen for t in e.turns if t.env_spans)
-    kto = pq.read_table(out / "kto.parquet").num_rows
-    stepwise = pq.read_table(out / "stepwise.parquet").num_rows
+    kto = pq.read_table(view_file(out, "kto")).num_rows
+    stepwise = pq.read_table(view_file(out, "stepwise")).num_rows
     assert stepwise == report.counts["turns"] and kto == stepwise - continued
     parsed = sum(1 for e in seen for t in e.turns if t.parsed_ok and not t.env_spans)
     assert report.counts.get("sft", 0) == parsed  # min_f1 0: every well-formed chat turn
@@ -106,7 +111,7 @@ def test_turns_continued_after_retrieved_text_stay_out_of_chat_views_and_in_step
 def test_no_passages_and_no_tokens(real_runs, tmp_path):
     runs, _, _, _ = real_runs
     report = export_runs(runs[:1], tmp_path / "lean", views=(), passages=False, tokens=False)
-    rows = pq.read_table(tmp_path / "lean" / "turns.parquet").to_pylist()
+    rows = pq.read_table(view_file(tmp_path / "lean", "turns")).to_pylist()
     assert report.counts == {"turns": len(rows)}
     assert all(r["passage_texts"] is None and r["passage_titles"] and r["prompt_ids"] is None for r in rows)
 
@@ -131,7 +136,7 @@ def test_dpo_pairs_the_same_prompt_across_runs(tmp_path, bm25):
     sft = datasets.load_dataset(str(out), "sft", split="train")
     assert len(sft) == report.counts["sft"] == len(questions)  # the right run's answers
     assert sft[0]["completion"][0]["role"] == "assistant" and sft[0]["f1"] == 1.0
-    pairs = pq.read_table(out / "dpo.parquet").to_pylist()
+    pairs = pq.read_table(view_file(out, "dpo")).to_pylist()
     assert sorted(p["question_id"] for p in pairs) == sorted(q.id for q in questions)
     for pair in pairs:
         gold = next(q.golden_answers[0] for q in questions if q.id == pair["question_id"])
@@ -156,7 +161,7 @@ def rollout_episode(question: str, answer: str, reward: float) -> Episode:
 
 def training_run(tmp: Path, whole: bool) -> Path:
     run = tmp / ("whole" if whole else "traces")
-    run.mkdir()
+    run.mkdir(exist_ok=True)
     (run / "config.yaml").write_text(yaml.safe_dump({"method": "search_r1", "model": "smollm2-135m"}))
     record = whole_episode if whole else trace
     episodes = [rollout_episode("capital of France", a, r) for a, r in (("Paris", 1.0), ("Lyon", 0.0))]
@@ -167,11 +172,21 @@ def training_run(tmp: Path, whole: bool) -> Path:
 
 def test_training_rollouts_export_with_their_step_and_pair_within_the_group(tmp_path):
     report = export_runs([training_run(tmp_path, whole=True)], tmp_path / "ds")
-    rows = pq.read_table(tmp_path / "ds" / "turns.parquet").to_pylist()
+    rows = pq.read_table(view_file(tmp_path / "ds", "turns")).to_pylist()
     assert [(r["source"], r["training_step"], r["turn_reward"]) for r in rows] == [
         ("rollout", 3, 1.0), ("rollout", 3, 0.0)
     ]  # fmt: skip
     assert report.counts["dpo"] == 1 and report.counts["sft"] == 1 and report.counts["stepwise"] == 2
+
+
+def test_a_re_export_under_the_same_folder_name_loads_its_own_rows(tmp_path):
+    """`datasets` caches a folder's configs by folder and file names: content-named files keep a new export
+    under an old name from loading the old rows."""
+    first, second = tmp_path / "a" / "data", tmp_path / "b" / "data"
+    export_runs([training_run(tmp_path, whole=True)], first, views=())
+    export_runs([training_run(tmp_path, whole=False)], second, views=())
+    assert datasets.load_dataset(str(first), "turns", split="train")[0]["prompt"]
+    assert not datasets.load_dataset(str(second), "turns", split="train")[0]["prompt"]
 
 
 def test_rollout_traces_without_prompts_say_how_to_keep_them(tmp_path):
@@ -188,7 +203,7 @@ def test_views_are_pure_functions_of_rows():
     rows = [
         {**base, "completion": "a", "turn_reward": None, "f1": 0.5, "turn": 0, "completion_ids": [2]},
         {**base, "completion": "b", "turn_reward": 0.2, "f1": 1.0, "turn": 1, "completion_ids": [3]},
-        {**base, "completion": "c", "turn_reward": None, "f1": 0.5, "turn": 2, "completion_ids": []},
+        {**base, "completion": "c", "turn_reward": None, "f1": 0.3, "turn": 2, "completion_ids": []},
     ]
     # turn 1's own reward (0.2) counts, not its episode's F1: 0.5 beats it
     (pair,) = dpo_rows(rows)
@@ -220,3 +235,13 @@ def test_export_questions_for_verl_and_skyrl(tmp_path):
         assert row["prompt"][0]["role"] == "user" and row["extra_info"]["method"] == "mask"
         assert row[reward]["ground_truth"]["target"] == row["extra_info"]["golden_answers"]
     assert rows[0]["env_class"] == "searchteam"
+
+
+def test_the_cards_licences_are_the_benchmark_readmes():
+    from searchteam.data.benchmark import BENCHMARK_DIR
+    from searchteam.data.licenses import DATASET_LICENSES
+
+    table = (BENCHMARK_DIR / "README.md").read_text().split("## Licences and attribution")[1]
+    for name, licence in DATASET_LICENSES.items():
+        row = next(line for line in table.splitlines() if line.startswith(f"| {name} |"))
+        assert ("UNKNOWN" if licence.startswith("unknown") else licence) in row, name

@@ -61,7 +61,7 @@ def dataset_card(
     lines += [
         "",
         'Load: `datasets.load_dataset(FOLDER, "sft")`, or '
-        '`datasets.load_dataset("parquet", data_files="FOLDER/turns.parquet")`.',
+        '`datasets.load_dataset("parquet", data_files="FOLDER/turns-*.parquet")`.',
         "",
     ]
     return "\n".join(lines)

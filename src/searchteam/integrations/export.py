@@ -1,7 +1,7 @@
 """`searchteam export RUN...`: runs as one Hugging Face dataset folder in Parquet.
 
-`turns.parquet` holds one row per turn (`integrations.turns`); `sft.parquet`, `dpo.parquet`, `kto.parquet`
-and `stepwise.parquet` are the views of `integrations.views` (a view without rows gets no file: `datasets`
+`turns-HASH.parquet` holds one row per turn (`integrations.turns`); `sft-`, `dpo-`, `kto-` and
+`stepwise-HASH.parquet` are the views of `integrations.views` (a view without rows gets no file: `datasets`
 cannot read an empty Parquet file); `README.md` is the dataset card, whose configs let
 `datasets.load_dataset(FOLDER, "sft")` pick a view. Several runs of the same questions go into one
 dataset (their groups are the question ids), which is where DPO pairs of eval runs come from.
@@ -9,8 +9,10 @@ dataset (their groups are the question ids), which is where DPO pairs of eval ru
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,10 +68,11 @@ def export_runs(
     counts = {name: len(table) for name, table in tables.items()}
     notes = [note for run in found for note in run.notes]
     notes += [f"view {name}: no rows, so no file" for name, n in counts.items() if not n]
-    files = {name: f"{name}.parquet" for name, n in counts.items() if n}
+    written = {name: (tables[name], SCHEMAS.get(name, TURN_SCHEMA)) for name, n in counts.items() if n}
     datasets = Counter(dataset for run in found for dataset in run.datasets)
-    card = dataset_card(files, [run.identity for run in found], datasets, counts, notes)
-    _write_folder(out, {files[name]: (tables[name], SCHEMAS.get(name, TURN_SCHEMA)) for name in files}, card)
+    _write_folder(
+        out, written, lambda files: dataset_card(files, [r.identity for r in found], datasets, counts, notes)
+    )
     return ExportReport(out, counts, notes)
 
 
@@ -93,14 +96,24 @@ def _run_rows(
     return _ExportedRun(identity, rows, [r.episode.question.dataset for r in records], notes)
 
 
-def _write_folder(out: Path, tables: dict[str, tuple[list[dict[str, Any]], pa.Schema]], card: str) -> None:
-    """The Parquet files and the card, written beside `out` and moved into place whole."""
+def _write_folder(
+    out: Path,
+    tables: dict[str, tuple[list[dict[str, Any]], pa.Schema]],
+    card: Callable[[dict[str, str]], str],
+) -> None:
+    """One Parquet file per table, named NAME-HASH.parquet after its content (`datasets` caches a folder's
+    configs by their file names, so a re-export under the same folder name must not reuse them), and the
+    card; written beside `out` and moved into place whole."""
     staging = out.with_name(f".{out.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    for file, (rows, schema) in tables.items():
-        pq.write_table(pa.Table.from_pylist(rows, schema=schema), staging / file)
-    (staging / "README.md").write_text(card, encoding="utf-8")
+    files = {}
+    for name, (rows, schema) in tables.items():
+        path = staging / f"{name}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+        files[name] = path.rename(path.with_name(f"{name}-{digest}.parquet")).name
+    (staging / "README.md").write_text(card(files), encoding="utf-8")
     if out.exists():
         out.rmdir()
     staging.rename(out)
