@@ -27,8 +27,15 @@ def naive_rag_run(out: Path, answers: dict[str, str], bm25) -> Path:
         asked = request.messages[-1]["content"]
         return next(a for q, a in answers.items() if q in asked) + "</answer>"
 
+    # one passage: prompts short enough for max_length, and the 135M model's steps take seconds
     config = RunConfig(
-        method="naive_rag", model="smollm2-135m", datasets=["hotpotqa"], split="dev", limit=N, out=out
+        method="naive_rag",
+        model="smollm2-135m",
+        datasets=["hotpotqa"],
+        split="dev",
+        limit=N,
+        top_k=1,
+        out=out,
     )
     runner.evaluate(
         config, Components(build_team(config), {"policy": ScriptedLLM(reply)}, bm25), progress=False
@@ -45,6 +52,15 @@ def exported(tmp_path_factory, bm25) -> Path:
     report = export_runs([right, wrong], tmp / "ds", views=("sft", "dpo"))
     assert report.counts["sft"] == report.counts["dpo"] == N
     return tmp / "ds"
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """A Trainer leaves accelerate's process-wide state behind; later tests build their own Accelerator."""
+    from accelerate.state import AcceleratorState
+
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def small_model():
@@ -68,6 +84,7 @@ def common_args(tmp_path: Path, steps: int) -> dict:
         "save_strategy": "no",
         "logging_steps": 1,
         "use_cpu": True,
+        "bf16": False,  # the precision of the suite's other accelerators
     }
 
 
