@@ -132,7 +132,9 @@ def test_dpo_pairs_the_same_prompt_across_runs(tmp_path, bm25):
     # the same questions and retrieval, so the same answer prompts, answered wrong
     wrong = scripted_run(tmp_path / "wrong", {q.question: "Nowhere" for q in questions}, bm25)
     out = tmp_path / "ds"
-    report = export_runs([right, wrong], out, views=("sft", "dpo"))
+    report = export_runs([right, wrong], out, views=("sft", "dpo", "kto"))
+    kto = pq.read_table(view_file(out, "kto")).to_pylist()
+    assert all(r["completion"][0]["content"].startswith("<answer>") for r in kto)  # the prefill, in the reply
     sft = datasets.load_dataset(str(out), "sft", split="train")
     assert len(sft) == report.counts["sft"] == len(questions)  # the right run's answers
     assert sft[0]["completion"][0]["role"] == "assistant" and sft[0]["f1"] == 1.0

@@ -141,6 +141,6 @@ def _gaps(run: str, rows: list[dict[str, Any]], tokens: bool) -> list[str]:
     if untokenized:
         notes.append(
             f"{run}: {untokenized} continued turns recorded neither their token ids nor the text they "
-            "continued (eval results keep its length only), so they have no tokens"
+            "continued (results.jsonl of older versions kept only its length), so they have no tokens"
         )
     return notes

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +24,11 @@ from searchteam.paths import JsonlError, read_jsonl_tolerant
 from searchteam.retrieval.corpus import corpus_of_run, find_passages
 from searchteam.rewards.metrics import answer_scores
 from searchteam.rl.experience import ExperienceError, chat_render, group_key, turn_token_ids
+from searchteam.rl.warm_start import collected_rounds, read_collected
 from searchteam.types import Episode, Passage, Question, Retrieval, Turn
 
 EVAL_RESULTS = "results.jsonl"
 ROLLOUTS = "rollouts.jsonl"
-WARM_START_GLOB = "warm_start/collected-*.jsonl"
 
 MESSAGES = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
 TURN_SCHEMA = pa.schema(
@@ -134,13 +133,17 @@ def _read_run(run_dir: Path) -> tuple[RunInfo, list[RunEpisode]]:
     if (run_dir / EVAL_RESULTS).is_file():
         rows = read_jsonl_tolerant(run_dir / EVAL_RESULTS)
         return info, [RunEpisode(_eval_episode(row, info.method), "eval") for row in rows]
-    episodes = [e for path in sorted(run_dir.glob(WARM_START_GLOB)) for e in _warm_start_episodes(path)]
+    episodes = [
+        RunEpisode(episode, "warm_start", warm_start_round=round_index)
+        for round_index in collected_rounds(run_dir)
+        for episode in (read_collected(run_dir, round_index) or ([], []))[0]
+    ]
     if (run_dir / ROLLOUTS).is_file():
         episodes += [_rollout_episode(r, info.method) for r in read_jsonl_tolerant(run_dir / ROLLOUTS)]
     if not episodes:
         raise ExportError(
             f"{run_dir} holds no episodes: neither {EVAL_RESULTS} (searchteam eval) nor {ROLLOUTS} or "
-            f"{WARM_START_GLOB} (searchteam train)"
+            "warm_start/collected-NN.jsonl (searchteam train)"
         )
     return info, episodes
 
@@ -193,23 +196,10 @@ def _eval_episode(row: dict[str, Any], method: str) -> Episode:
     )
 
 
-def _warm_start_episodes(path: Path) -> list[RunEpisode]:
-    found = re.search(r"collected-(\d+)", path.name)
-    round_index = int(found.group(1)) if found else None
-    records = read_jsonl_tolerant(path)
-    return [
-        RunEpisode(Episode.model_validate(_without(r, "score")), "warm_start", None, round_index)
-        for r in records
-    ]
-
-
 def _rollout_episode(record: dict[str, Any], method: str) -> RunEpisode:
-    episode = Episode.model_validate({"method": method, **_without(record, "step")})
+    fields = {k: v for k, v in record.items() if k != "step"}
+    episode = Episode.model_validate({"method": method, **fields})
     return RunEpisode(episode, "rollout", training_step=record.get("step"))
-
-
-def _without(record: dict[str, Any], key: str) -> dict[str, Any]:
-    return {k: v for k, v in record.items() if k != key}
 
 
 def load_tokenizing(model: str, override: str | None = None) -> Tokenizing:

@@ -27,21 +27,20 @@ import pyarrow as pa
 
 from searchteam.integrations.turns import MESSAGES
 
-ASSISTANT = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
 _ORIGIN = [("run", pa.string()), ("question_id", pa.string()), ("role", pa.string())]
 
-SFT_SCHEMA = pa.schema([("prompt", MESSAGES), ("completion", ASSISTANT), *_ORIGIN, ("f1", pa.float64())])
+SFT_SCHEMA = pa.schema([("prompt", MESSAGES), ("completion", MESSAGES), *_ORIGIN, ("f1", pa.float64())])
 DPO_SCHEMA = pa.schema(
     [
         ("prompt", MESSAGES),
-        ("chosen", ASSISTANT),
-        ("rejected", ASSISTANT),
+        ("chosen", MESSAGES),
+        ("rejected", MESSAGES),
         *_ORIGIN,
         ("score_chosen", pa.float64()),
         ("score_rejected", pa.float64()),
     ]
 )
-KTO_SCHEMA = pa.schema([("prompt", MESSAGES), ("completion", ASSISTANT), ("label", pa.bool_()), *_ORIGIN])
+KTO_SCHEMA = pa.schema([("prompt", MESSAGES), ("completion", MESSAGES), ("label", pa.bool_()), *_ORIGIN])
 STEPWISE_SCHEMA = pa.schema(
     [
         *_ORIGIN,
@@ -61,10 +60,6 @@ STEPWISE_SCHEMA = pa.schema(
 SCHEMAS = {"sft": SFT_SCHEMA, "dpo": DPO_SCHEMA, "kto": KTO_SCHEMA, "stepwise": STEPWISE_SCHEMA}
 
 
-def _assistant(text: str) -> list[dict[str, str]]:
-    return [{"role": "assistant", "content": text}]
-
-
 def _origin(row: dict[str, Any]) -> dict[str, Any]:
     return {"run": row["run"], "question_id": row["question_id"], "role": row["role"]}
 
@@ -76,7 +71,7 @@ def _chat_turn(row: dict[str, Any]) -> bool:
 
 def _reply(row: dict[str, Any]) -> list[dict[str, str]]:
     """The assistant reply of a chat turn: the prefill it continued, then its completion."""
-    return _assistant((row["continuation"] or "") + row["completion"])
+    return [{"role": "assistant", "content": (row["continuation"] or "") + row["completion"]}]
 
 
 def sft_rows(rows: list[dict[str, Any]], min_f1: float) -> list[dict[str, Any]]:
@@ -91,7 +86,7 @@ def kto_rows(rows: list[dict[str, Any]], min_f1: float) -> list[dict[str, Any]]:
     return [
         {
             "prompt": r["prompt"],
-            "completion": _assistant(r["completion"]),
+            "completion": _reply(r),
             "label": r["f1"] >= min_f1,
             **_origin(r),
         }
@@ -131,9 +126,7 @@ def dpo_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def stepwise_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     trained = [r for r in rows if r["trained"] and r["completion_ids"]]
-    last = {}
-    for r in trained:
-        last[(r["run"], r["episode"])] = r["turn"]
+    last = {(r["run"], r["episode"]): r["turn"] for r in trained}
     return [
         {
             **_origin(r),

@@ -21,6 +21,7 @@ from searchteam.types import Episode, Turn
 KEPT = "kept.jsonl"  # every kept episode, one per line, with the round that kept it
 LOG = "log.jsonl"  # one record per finished round
 COLLECTED = "collected-*.jsonl"  # per round, its sampled episodes and scores, saved before its fine-tuning
+COLLECTED_FILE = re.compile(r"collected-(\d+)\.jsonl")
 ROUND_DIR = re.compile(r"round-(\d+)")
 
 
@@ -195,6 +196,12 @@ def save_collected(run_dir: Path, round_index: int, episodes: list[Episode], sco
     during the (long) fine-tuning resumes the round from these instead of sampling it again."""
     lines = (_episode_line("score", score, e) for e, score in zip(episodes, scores, strict=True))
     write_lines_atomic(collected_path(run_dir, round_index), lines)
+
+
+def collected_rounds(run_dir: Path) -> list[int]:
+    """The rounds whose sampled episodes were saved, in order."""
+    files = warm_dir(run_dir).glob(COLLECTED)
+    return sorted(int(m.group(1)) for p in files if (m := COLLECTED_FILE.fullmatch(p.name)))
 
 
 def read_collected(run_dir: Path, round_index: int) -> tuple[list[Episode], list[float]] | None:
