@@ -1,0 +1,196 @@
+"""A searchteam team as the environment of another RL framework (verl, SkyRL): the framework's inference
+server generates token-in, token-out; the team runs its episode over searchteam's retriever; the method's
+reward scheme scores it; and the episode becomes one training sample per trained turn, the step-wise samples
+searchteam's own trainer uses (`rl.experience.samples_from_episodes`).
+
+Everything here is framework-free; `integrations.verl` and `integrations.skyrl` adapt it to each framework's
+classes. What does not carry over: those frameworks serve and train one model, so a run with extra models
+(QAgent's frozen generator, DECOR's judge) is refused, and they compute one advantage per episode, so
+per-turn rewards travel along as data but do not steer their update.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from searchteam.config import ConfigError, load_config
+from searchteam.factory import build_run_retriever, build_sampling, build_team
+from searchteam.llm.base import (
+    Completion,
+    GenerationRequest,
+    SamplingParams,
+    cut_completion,
+    render_prompt_ids,
+)
+from searchteam.methods import build_reward_scheme
+from searchteam.retrieval.base import Retriever
+from searchteam.rewards.base import RewardScheme
+from searchteam.rewards.metrics import answer_scores
+from searchteam.rl.experience import Sample, samples_from_episodes
+from searchteam.runtime import Sampling
+from searchteam.runtime.runner import make_backends, run_episode
+from searchteam.teams import Team
+from searchteam.training import TrainRunConfig
+from searchteam.types import Episode, Question
+
+# (prompt ids, the request's sampling) -> (completion ids, their logprobs or None), by a framework's server
+TokenGenerate = Callable[[list[int], SamplingParams], Awaitable[tuple[list[int], list[float] | None]]]
+
+
+class TokenServerLLM:
+    """An `AsyncLLM` over a framework's token-in, token-out server: it renders the prompt ids as every
+    searchteam backend does (`render_prompt_ids`), and cuts the returned ids at the request's stop strings
+    or EOS (`cut_completion`), so a turn records exactly the ids the framework will train on."""
+
+    def __init__(
+        self, generate: TokenGenerate, tokenizer, name: str = "token-server", concurrency: int = 1024
+    ):
+        self._generate = generate
+        self.tokenizer = tokenizer
+        self.name = name
+        self.concurrency = concurrency
+        self._eos = {tokenizer.eos_token_id} - {None}
+
+    async def agenerate(self, request: GenerationRequest) -> Completion:
+        prompt = render_prompt_ids(self.tokenizer, request)
+        ids, logprobs = await self._generate(prompt, request.sampling)
+        decode = functools.partial(self.tokenizer.decode, skip_special_tokens=True)
+        kept, text, stopped = cut_completion(list(ids), self._eos, request.sampling.stop, decode)
+        return Completion(
+            text=text,
+            prompt_token_ids=prompt,
+            token_ids=kept,
+            logprobs=list(logprobs[: len(kept)]) if logprobs else None,
+            prompt_tokens=len(prompt),
+            completion_tokens=len(kept),
+            finish_reason="stop" if stopped else "length",
+        )
+
+    async def aclose(self) -> None:
+        return None
+
+
+@dataclass
+class TeamEnvironment:
+    """One searchteam run config, ready to play episodes for another framework: its team, retriever, reward
+    scheme and per-role token limits. Built once per process (`load_environment`)."""
+
+    config: TrainRunConfig
+    team: Team
+    retriever: Retriever | None
+    reward: RewardScheme
+    sampling: Sampling
+
+    @classmethod
+    def from_config(cls, config: TrainRunConfig) -> TeamEnvironment:
+        refuse_extra_models(config)
+        team = build_team(config)
+        return cls(
+            config=config,
+            team=team,
+            retriever=build_run_retriever(config) if team.uses_retrieval else None,
+            reward=build_reward_scheme(config.method, config.reward),
+            sampling=build_sampling(config),
+        )
+
+    @property
+    def method(self) -> str:
+        return self.config.method
+
+    def question(self, extra_info: Mapping[str, Any], fallback_id: str = "") -> Question:
+        """The question of one row of `searchteam export-questions`; a row made for another method is refused
+        (its team would differ from the one the row names)."""
+        method = extra_info.get("method")
+        if method and method != self.method:
+            raise ConfigError(
+                f"this row was exported for method '{method}', but the environment runs '{self.method}': "
+                f"export the questions with --method {self.method}, or give the integration a {method} config"
+            )
+        if "question" not in extra_info:
+            raise ConfigError(
+                "a row without extra_info.question: make the dataset with searchteam export-questions"
+            )
+        return Question(
+            id=str(extra_info.get("question_id") or fallback_id),
+            question=str(extra_info["question"]),
+            golden_answers=[str(a) for a in extra_info.get("golden_answers", [])],
+            dataset=str(extra_info.get("dataset", "custom")),
+        )
+
+    async def play(self, question: Question, llm: TokenServerLLM, group: str = "") -> Episode:
+        """One scored episode: the team answers through `llm`, then the method's reward scheme rewards it."""
+        backends = make_backends({"policy": llm}, self.retriever)
+        try:
+            episode = await run_episode(
+                self.team.solve, self.method, question, backends, self.sampling, llm.name, training=True
+            )
+        finally:
+            for frontend in [*backends.llms.values(), backends.search]:
+                if frontend is not None:
+                    await frontend.aclose()
+        episode.group_id = group
+        self.reward([episode])
+        return episode
+
+    def samples(self, episode: Episode, tokenizer) -> list[Sample]:
+        """The episode's training samples, one per trained turn (a continued chain of turns is one sample
+        when the config sets `train.merge_continuations`, as Search-R1 trains), in the order played."""
+        return samples_from_episodes(
+            [episode],
+            tokenizer,
+            roles=self.config.train.roles or None,
+            merge_continuations=self.config.train.merge_continuations,
+        )
+
+
+def refuse_extra_models(config: TrainRunConfig) -> None:
+    """A run that needs a second model cannot run inside a framework that serves one."""
+    if config.extra_models or config.judge_model:
+        extra = dict(config.extra_models) | ({"judge": config.judge_model} if config.judge_model else {})
+        raise ConfigError(
+            f"{config.method}: {extra} asks for a second model, but verl and SkyRL serve only the policy; "
+            "leave extra_models and judge_model out (the policy then plays every role, DECOR's reward "
+            "falls back to its rule-based judge) or train with searchteam train"
+        )
+
+
+def server_request(
+    params: Mapping[str, Any], sampling: SamplingParams, max_tokens: int | None = None
+) -> dict[str, Any]:
+    """A request's sampling for a framework's server: the framework's own (temperature, top-p, logprobs: it
+    decides how to sample) with the role's token limit (at most `max_tokens`) and stop strings."""
+    request = {**params, "max_tokens": min(sampling.max_new_tokens, max_tokens or sampling.max_new_tokens)}
+    if sampling.stop:
+        request["stop"] = list(sampling.stop)
+    return request
+
+
+def engine_logprobs(sample: Sample) -> list[float] | None:
+    """The engine's logprob of each completion token, 0 where it gave none (retrieved text inside a merged
+    trajectory, which its 0 mask keeps out of the loss); None when the engine returned no logprobs."""
+    if sample.rollout_logprobs is None:
+        return None
+    return [0.0 if math.isnan(x) else x for x in sample.rollout_logprobs]
+
+
+def episode_scores(episode: Episode) -> dict[str, float]:
+    """What a framework logs per episode: EM, F1, the scheme's episode reward and the format errors."""
+    scores = answer_scores(episode.answer, episode.question.golden_answers)
+    return {
+        "em": scores["em"],
+        "f1": scores["f1"],
+        "episode_reward": float(episode.reward or 0.0),
+        "format_errors": float(sum(not t.parsed_ok for t in episode.turns)),
+    }
+
+
+@functools.lru_cache(maxsize=8)
+def load_environment(config: str | Path, settings: tuple[tuple[str, Any], ...] = ()) -> TeamEnvironment:
+    """The environment of a searchteam run config (a recipe name or a YAML path) with `settings` applied
+    (`--set` style), built once per process: frameworks make an agent loop per episode."""
+    return TeamEnvironment.from_config(load_config(Path(str(config)), {}, TrainRunConfig, dict(settings)))

@@ -1,0 +1,168 @@
+"""searchteam's SkyRL generator: any searchteam team, generating token-in, token-out through SkyRL's inference
+engine client, in SkyRL's step-wise form (one row per trained turn, `is_last_step` on the last).
+
+SkyRL trains step-wise with `generator.step_wise_trajectories=true`; plug the generator in where SkyRL makes
+its generator (`BasePPOExp.get_generator`):
+
+    class SearchTeamExp(BasePPOExp):
+        def get_generator(self, cfg, tokenizer, inference_engine_client):
+            config = "examples/skyrl/jade-qwen2.5-7b.yaml"
+            return SearchTeamGenerator(config, inference_engine_client, tokenizer)
+
+Rows come from `searchteam export-questions --format skyrl` (their `extra_info` reaches the generator as the
+environment's extras). SkyRL gives every step of a trajectory the advantage of its last step, so each row
+carries the episode's reward; the turn's own reward, role, EM and F1 are in `env_metrics`.
+
+Written against skyrl 0.3.0, the last release for Python 3.11: on 3.11 its generator module imports only
+with `typing.TypedDict` pointed at `typing_extensions.TypedDict` (pydantic needs the latter below 3.12), which
+this module does for the length of that import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import typing
+from collections.abc import Iterator
+from typing import Any
+
+import typing_extensions
+
+from searchteam.extras import require
+from searchteam.integrations.environment import (
+    TeamEnvironment,
+    TokenServerLLM,
+    engine_logprobs,
+    episode_scores,
+    load_environment,
+    server_request,
+)
+from searchteam.llm.base import SamplingParams
+from searchteam.rl.experience import Sample
+from searchteam.types import Episode
+
+
+@contextlib.contextmanager
+def _typeddict_for_pydantic() -> Iterator[None]:
+    if sys.version_info >= (3, 12):
+        yield
+        return
+    original = typing.TypedDict
+    typing.TypedDict = typing_extensions.TypedDict  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        typing.TypedDict = original  # type: ignore[misc]
+
+
+with _typeddict_for_pydantic():
+    generators = require("skyrl.train.generators.base", "skyrl", "the SkyRL generator")
+
+
+class SearchTeamGenerator(generators.GeneratorInterface):
+    """A SkyRL generator that plays one searchteam episode per prompt (see the module's docstring)."""
+
+    def __init__(
+        self,
+        run_config: str,
+        inference_engine_client: Any,
+        tokenizer: Any,
+        policy_model_name: str | None = None,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
+        self.env: TeamEnvironment = load_environment(run_config, tuple(sorted((settings or {}).items())))
+        self.client = inference_engine_client
+        self.tokenizer = tokenizer
+        self.policy_model_name = policy_model_name
+
+    async def generate(self, input_batch: dict[str, Any]) -> dict[str, Any]:
+        extras = input_batch.get("env_extras") or [{}] * len(input_batch["prompts"])
+        ids = input_batch.get("trajectory_ids") or [None] * len(input_batch["prompts"])
+        params = dict(input_batch.get("sampling_params") or {})
+        played = await asyncio.gather(*(self._play(e, t, params) for e, t in zip(extras, ids, strict=True)))
+        rows = [
+            (episode, sample, t)
+            for (episode, samples), t in zip(played, ids, strict=True)
+            for sample in samples
+        ]
+        last = [i == len(samples) - 1 for _, samples in played for i in range(len(samples))]
+        logprobs = params.get("logprobs") is not None
+        return {
+            "prompt_token_ids": [s.prompt_ids for _, s, _ in rows],
+            "response_ids": [s.completion_ids for _, s, _ in rows],
+            "rewards": [float(e.reward or 0.0) for e, _, _ in rows],
+            "loss_masks": [s.loss_mask for _, s, _ in rows],
+            "stop_reasons": [_stop_reason(e, s) for e, s, _ in rows],
+            "rollout_metrics": _rollout_metrics([e for e, _ in played]),
+            "rollout_logprobs": [_logprobs(s) for _, s, _ in rows] if logprobs else None,
+            "trajectory_ids": [t for _, _, t in rows],
+            "trajectory_generation_times": None,
+            "rollout_expert_indices": None,
+            "is_last_step": last,
+            "env_metrics": [_env_metrics(e, s) for e, s, _ in rows],
+            "pixel_values": None,
+            "image_grid_thw": None,
+        }
+
+    async def _play(
+        self, extras: dict[str, Any], trajectory: Any, params: dict[str, Any]
+    ) -> tuple[Episode, list[Sample]]:
+        info = dict(extras.get("extra_info") or extras)
+        question = self.env.question(info, fallback_id=str(getattr(trajectory, "instance_id", "")))
+        session = trajectory.to_string() if trajectory is not None else question.id
+
+        async def generate(
+            prompt_ids: list[int], sampling: SamplingParams
+        ) -> tuple[list[int], list[float] | None]:
+            request = server_request(params, sampling)
+            engine_input = {
+                "prompt_token_ids": [prompt_ids],
+                "session_ids": [session],
+                "sampling_params": request,
+            }
+            out = await self.client.generate(engine_input, model=self.policy_model_name)
+            logprobs = out.get("response_logprobs")
+            return list(out["response_ids"][0]), (list(logprobs[0]) if logprobs else None)
+
+        episode = await self.env.play(
+            question, TokenServerLLM(generate, self.tokenizer, name="skyrl"), group=question.id
+        )
+        samples = self.env.samples(episode, self.tokenizer) or [self._placeholder(episode)]
+        return episode, samples
+
+    def _placeholder(self, episode: Episode) -> Sample:
+        """An episode that trained no turn: one fully masked row, so its trajectory keeps its place."""
+        return Sample(
+            prompt_ids=list(self.tokenizer(episode.question.question, add_special_tokens=False)["input_ids"]),
+            completion_ids=[self.tokenizer.eos_token_id],
+            loss_mask=[0],
+            role="",
+            episode_id=0,
+            group_id=episode.question.id,
+            turn_index=-1,
+        )
+
+
+def _stop_reason(episode: Episode, sample: Sample) -> str:
+    turn = episode.turns[sample.turn_index] if 0 <= sample.turn_index < len(episode.turns) else None
+    return turn.finish_reason if turn is not None else "stop"
+
+
+def _logprobs(sample: Sample) -> list[float]:
+    """SkyRL wants a row of logprobs for every row: a turn without them (a placeholder) gets zeros."""
+    return engine_logprobs(sample) or [0.0] * len(sample.completion_ids)
+
+
+def _env_metrics(episode: Episode, sample: Sample) -> dict[str, Any]:
+    return {
+        **episode_scores(episode),
+        "role": sample.role,
+        "turn_reward": sample.reward,
+        "question_id": episode.question.id,
+    }
+
+
+def _rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
+    scores = [episode_scores(e) for e in episodes]
+    return {f"searchteam/{k}": sum(s[k] for s in scores) / len(scores) for k in scores[0]} if scores else {}
