@@ -6,6 +6,7 @@ ids are the ones the server saw. The frameworks' own classes are checked by scri
 from __future__ import annotations
 
 import asyncio
+import importlib
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 import yaml
 
 from searchteam.config import ConfigError
+from searchteam.extras import MissingExtra, has
 from searchteam.integrations.environment import TokenServerLLM, load_environment, server_request
 from searchteam.llm.base import GenerationRequest, SamplingParams, render_prompt_ids
 from searchteam.rl.experience import env_token_mask
@@ -119,3 +121,11 @@ def test_what_a_single_model_framework_cannot_run_is_refused_in_one_line(tmp_pat
         env.question({**ROW, "method": "mask"})
     with pytest.raises(ConfigError, match="export-questions"):
         env.question({"method": "naive_rag"})
+
+
+@pytest.mark.parametrize("framework", ["verl", "skyrl"])
+def test_a_missing_framework_is_a_one_line_error_naming_its_extra(framework):
+    if has(framework):
+        pytest.skip(f"{framework} is installed here")
+    with pytest.raises(MissingExtra, match=rf"pip install 'searchteam\[{framework}\]'"):
+        importlib.import_module(f"searchteam.integrations.{framework}")

@@ -1,11 +1,13 @@
 """Optional dependencies, installed as pip extras: a missing one is a one-line error that names its extra.
 
-| extra   | packages                           | needed by                                   |
-| ------- | ---------------------------------- | ------------------------------------------- |
-| `cpu`   | openvino-genai, nncf               | the `ov` backend (CPU generation)           |
-| `gpu`   | vllm (alias: `vllm`)               | the `vllm` backend                          |
-| `dense` | faiss-cpu, sentence-transformers   | dense and prebuilt-index retrieval, rerank  |
-| `train` | matplotlib, tensorboard            | training curves (PNG and TensorBoard)       |
+| extra   | packages                                 | needed by                                  |
+| ------- | ---------------------------------------- | ------------------------------------------ |
+| `cpu`   | openvino-genai, nncf                     | the `ov` backend (CPU generation)          |
+| `gpu`   | vllm (alias: `vllm`)                     | the `vllm` backend                         |
+| `dense` | faiss-cpu, sentence-transformers         | dense and prebuilt-index retrieval, rerank |
+| `train` | matplotlib, tensorboard                  | training curves (PNG and TensorBoard)      |
+| `verl`  | verl 0.9.1, cachetools, uvicorn, fastapi | `searchteam.integrations.verl`             |
+| `skyrl` | skyrl 0.3.0                              | `searchteam.integrations.skyrl`            |
 """
 
 from __future__ import annotations

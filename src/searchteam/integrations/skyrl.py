@@ -6,7 +6,7 @@ its generator (`BasePPOExp.get_generator`):
 
     class SearchTeamExp(BasePPOExp):
         def get_generator(self, cfg, tokenizer, inference_engine_client):
-            config = "examples/skyrl/jade-qwen2.5-7b.yaml"
+            config = "examples/teams/jade-qwen2.5-7b.yaml"
             return SearchTeamGenerator(config, inference_engine_client, tokenizer)
 
 Rows come from `searchteam export-questions --format skyrl` (their `extra_info` reaches the generator as the

@@ -7,7 +7,7 @@ by `agent_name: searchteam`:
 
     - name: searchteam
       _target_: searchteam.integrations.verl.SearchTeamAgentLoop
-      run_config: examples/verl/mask-qwen2.5-7b.yaml   # a YAML path or a shipped recipe's name
+      run_config: examples/teams/mask-qwen2.5-7b.yaml   # a YAML path or a shipped recipe's name
       settings: {top_k: 3}                             # optional `--set` style overrides
 
 What it returns depends on the trainer:
