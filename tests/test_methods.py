@@ -12,7 +12,7 @@ from searchteam.config import ConfigError, resolve_config_path, shipped_recipes
 from searchteam.methods import METHODS, REGISTRY, build_reward_scheme, get_method, get_team, register_method
 from searchteam.methods.naive_rag.team import NaiveRAG
 from searchteam.rl.experience import group_key, samples_from_episodes
-from searchteam.teams import TeamSettings
+from searchteam.teams import Team, TeamSettings
 from searchteam.types import Episode, Question, Turn
 
 PACKAGE = Path(REGISTRY["mask"].folder).parent
@@ -28,6 +28,13 @@ def test_every_method_folder_is_one_registered_method_with_its_files():
         for kind in method.recipes:
             assert method.recipe_path(kind).is_file()  # type: ignore[union-attr]
     assert list(METHODS)[:2] == ["direct", "naive_rag"]  # listings follow the registered positions
+
+
+def test_every_team_answers_through_team_solve():
+    """eval, train and serve run `team.solve` (the answer, a copied prompt example withdrawn): a team's own
+    method of that name would take its place and fail every episode (JADE's executors once did)."""
+    for name, team in METHODS.items():
+        assert team.solve is Team.solve, f"{name} overrides Team.solve"
 
 
 def test_a_method_registers_once_and_names_only_recipes_it_ships():

@@ -249,7 +249,7 @@ class Jade(Team):
         if node.mode == "serial" and (known := trace.earlier_answers(node)):
             await self.resolve(node, known, ctx)
         if self.fixed_workflow:
-            return self.fixed_workflow, await self.solve(node, self.fixed_workflow, ctx)
+            return self.fixed_workflow, await self.run_executors(node, self.fixed_workflow, ctx)
         # Phase 1 (lines 7-9): the planner sees only the target query.
         plan = await ctx.llm(
             "planner", self.chat("planner", question=node.question), stop=("</workflow>",), max_new_tokens=16
@@ -261,8 +261,8 @@ class Jade(Team):
         if workflow.decomposes:
             if await self.decompose(node, workflow.steps[0], trace, ctx):
                 return workflow.steps, 0
-            return FALLBACK_WORKFLOW, await self.solve(node, FALLBACK_WORKFLOW, ctx)
-        return workflow.steps, await self.solve(node, workflow.steps, ctx)
+            return FALLBACK_WORKFLOW, await self.run_executors(node, FALLBACK_WORKFLOW, ctx)
+        return workflow.steps, await self.run_executors(node, workflow.steps, ctx)
 
     async def resolve(self, node: Node, known: list[Node], ctx: Context) -> None:
         """Rewrite a serial sub-question with the answers it depends on (Appendix F case 1)."""
@@ -293,7 +293,7 @@ class Jade(Team):
         trace.expand(node, questions[:MAX_SUBQUESTIONS], "serial" if executor == "QDS" else "parallel")
         return True
 
-    async def solve(self, node: Node, steps: tuple[str, ...], ctx: Context) -> int:
+    async def run_executors(self, node: Node, steps: tuple[str, ...], ctx: Context) -> int:
         """Run the solving executors in order on an intra-round context (lines 18-22)."""
         query, searched = node.question, 0
         docs: list[Passage] = []
