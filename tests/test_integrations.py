@@ -52,7 +52,8 @@ def play(env, llm, method: str):
 
 
 def test_each_trained_turn_is_a_sample_with_the_ids_the_server_saw(tmp_path, default_llm):
-    env = load_environment(run_config(tmp_path, "mask"))
+    short = {role: 12 for role in ("plan", "search", "summary", "update", "answer")}
+    env = load_environment(run_config(tmp_path, "mask", max_new_tokens_per_role=short))
     episode = play(env, default_llm, "mask")
     samples = env.samples(episode, default_llm.tokenizer)
 
@@ -69,7 +70,11 @@ def test_each_trained_turn_is_a_sample_with_the_ids_the_server_saw(tmp_path, def
 
 def test_a_continued_agent_becomes_one_trajectory_with_retrieved_text_masked(tmp_path, default_llm):
     path = run_config(
-        tmp_path, "search_r1", max_turns=2, max_new_tokens=48, train={"merge_continuations": True}
+        tmp_path,
+        "search_r1",
+        max_turns=2,
+        max_new_tokens_per_role={"agent": 32},
+        train={"merge_continuations": True},
     )
     env = load_environment(path)
     episode = play(env, default_llm, "search_r1")
@@ -78,12 +83,10 @@ def test_a_continued_agent_becomes_one_trajectory_with_retrieved_text_masked(tmp
     last = episode.turns[-1]
     whole = default_llm.tokenizer.decode(sample.prompt_ids + sample.completion_ids)
     assert whole.endswith((last.continuation or "") + last.completion)
-    if last.env_spans:  # the model searched: the passages it read are in the trajectory, out of the loss
-        enc = default_llm.tokenizer(last.continuation, add_special_tokens=False, return_offsets_mapping=True)
-        assert sample.loss_mask[: len(enc["input_ids"])] == env_token_mask(
-            enc["offset_mapping"], last.env_spans
-        )
-        assert 0 in sample.loss_mask
+    assert last.env_spans  # the (greedy) model searched: the passages it read are in it, out of the loss
+    enc = default_llm.tokenizer(last.continuation, add_special_tokens=False, return_offsets_mapping=True)
+    assert sample.loss_mask[: len(enc["input_ids"])] == env_token_mask(enc["offset_mapping"], last.env_spans)
+    assert 0 in sample.loss_mask
 
 
 def test_completions_are_cut_at_the_roles_stop_string_as_every_backend_cuts_them(smollm_tokenizer):

@@ -231,4 +231,5 @@ def test_the_qagent_reader_recipe_trains_only_an_unfrozen_generator():
     cfg = load_train_run_config(Path("qagent/qwen0.5b-cpu-reader"), {})
     team = build_team(cfg)
     assert team.mode == "submodule" and team.frozen_generator is False and cfg.train.roles == ["generator"]
-    assert cfg.init_from == "qwen2.5-coder-0.5b-qagent" and not cfg.extra_models  # the policy reads
+    assert cfg.init_from == "runs/qagent-submodule/warm_start/round-02"  # the submodule recipe's agent
+    assert not cfg.extra_models  # the policy reads

@@ -12,6 +12,7 @@ per-turn rewards travel along as data but do not steer their update.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from searchteam.runtime.runner import make_backends, run_episode
 from searchteam.teams import Team
 from searchteam.training import TrainRunConfig
 from searchteam.types import Episode, Question
+
+logger = logging.getLogger(__name__)
 
 # (prompt ids, the request's sampling) -> (completion ids, their logprobs or None), by a framework's server
 TokenGenerate = Callable[[list[int], SamplingParams], Awaitable[tuple[list[int], list[float] | None]]]
@@ -134,6 +137,8 @@ class TeamEnvironment:
                 if frontend is not None:
                     await frontend.aclose()
         episode.group_id = group
+        if episode.error:
+            logger.warning("%s episode of %s failed: %s", self.method, question.id, episode.error)
         self.reward([episode])
         return episode
 

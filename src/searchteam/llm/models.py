@@ -108,15 +108,11 @@ TRAINED: dict[str, TrainedAdapter] = {
         name="qwen2.5-coder-0.5b-qagent",
         method="qagent",
         base="qwen2.5-coder-0.5b",
-        recipe="qagent/qwen0.5b-cpu",
-        description="QAgent's search agent as a plug-in module (submodule mode) in front of the frozen base "
-        "model as generator: 2 rounds of expert iteration on the agent (qagent/qwen0.5b-cpu)",
-        run_settings={
-            "options": {"mode": "submodule"},
-            "extra_models": {"generator": "qwen2.5-coder-0.5b"},
-            # room for the reflection it writes after the passages (at 160 tokens 12 % of its turns broke)
-            "max_new_tokens_per_role": {"agent": 256},
-        },
+        recipe="qagent/qwen0.5b-cpu-r2",
+        description="QAgent's search agent end to end (it plans, searches, reflects and answers): 2 rounds "
+        "of expert iteration (qagent/qwen0.5b-cpu, then qagent/qwen0.5b-cpu-r2)",
+        # room for the reflection it writes after the passages, as in training
+        run_settings={"max_new_tokens_per_role": {"agent": 256}},
     ),
     "qwen2.5-coder-0.5b-search_r1": TrainedAdapter(
         name="qwen2.5-coder-0.5b-search_r1",
