@@ -46,7 +46,7 @@ class ModelServer:
         return TokenOutput(token_ids=ids, log_probs=[-1.0] * len(ids), stop_reason="completed")
 
 
-def instantiate(path, server, tokenizer, use_v1: bool):
+def instantiate(path, server, tokenizer, use_v1: bool, settings: dict | None = None):
     """The agent loop as verl's AgentLoopWorker makes it: hydra on an entry of the agent loop config file."""
     config = OmegaConf.create(
         {
@@ -55,7 +55,7 @@ def instantiate(path, server, tokenizer, use_v1: bool):
             "data": {},
         }
     )
-    entry = {"_target_": entry_point, "run_config": str(path)}
+    entry = OmegaConf.create({"_target_": entry_point, "run_config": str(path), "settings": settings or {}})
     return hydra.utils.instantiate(
         config=entry,
         trainer_config=agent_loop.DictConfigWrap(config=config),
@@ -77,7 +77,10 @@ def verl_row(tmp_path, method: str) -> dict:
 
 def test_v1_gets_one_output_per_trained_turn_in_verls_own_classes(tmp_path, default_llm):
     server = ModelServer(default_llm)
-    loop = instantiate(run_config(tmp_path, "mask", max_new_tokens=16), server, default_llm.tokenizer, True)
+    short = {role: 12 for role in ("plan", "search", "summary", "update", "answer")}
+    settings = {"max_new_tokens_per_role": short, "datasets": ["hotpotqa"]}  # as a YAML entry gives them
+    loop = instantiate(run_config(tmp_path, "mask"), server, default_llm.tokenizer, True, settings)
+    assert loop.env.config.max_new_tokens_per_role == short and loop.env.config.datasets == ["hotpotqa"]
     outputs = asyncio.run(
         loop.run({"temperature": 1.0, "top_p": 1.0, "logprobs": True}, **verl_row(tmp_path, "mask"))
     )

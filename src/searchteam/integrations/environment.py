@@ -12,6 +12,7 @@ per-turn rewards travel along as data but do not steer their update.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
@@ -194,8 +195,12 @@ def episode_scores(episode: Episode) -> dict[str, float]:
     }
 
 
-@functools.lru_cache(maxsize=8)
-def load_environment(config: str | Path, settings: tuple[tuple[str, Any], ...] = ()) -> TeamEnvironment:
+def load_environment(config: str | Path, settings: Mapping[str, Any] | None = None) -> TeamEnvironment:
     """The environment of a searchteam run config (a recipe name or a YAML path) with `settings` applied
-    (`--set` style), built once per process: frameworks make an agent loop per episode."""
-    return TeamEnvironment.from_config(load_config(Path(str(config)), {}, TrainRunConfig, dict(settings)))
+    (`--set` style, e.g. `{"top_k": 3}`), built once per process: frameworks make a loop per episode."""
+    return _environment(str(config), json.dumps(dict(settings or {}), sort_keys=True))
+
+
+@functools.lru_cache(maxsize=8)
+def _environment(config: str, settings: str) -> TeamEnvironment:
+    return TeamEnvironment.from_config(load_config(Path(config), {}, TrainRunConfig, json.loads(settings)))

@@ -71,7 +71,7 @@ class SearchTeamGenerator(generators.GeneratorInterface):
         policy_model_name: str | None = None,
         settings: dict[str, Any] | None = None,
     ) -> None:
-        self.env: TeamEnvironment = load_environment(run_config, tuple(sorted((settings or {}).items())))
+        self.env: TeamEnvironment = load_environment(run_config, settings)
         self.client = inference_engine_client
         self.tokenizer = tokenizer
         self.policy_model_name = policy_model_name

@@ -55,7 +55,10 @@ class SearchTeamAgentLoop(agent_loop.AgentLoopBase):
                 "the searchteam agent loop needs run_config: name a searchteam config in its agent loop "
                 "config (actor_rollout_ref.rollout.agent.agent_loop_config_path); see docs/integrations.md"
             )
-        self.env: TeamEnvironment = load_environment(run_config, tuple(sorted(dict(settings or {}).items())))
+        from omegaconf import OmegaConf  # verl's own dependency: here, after verl was found
+
+        overrides = OmegaConf.to_container(OmegaConf.create(settings or {}))  # hydra hands a DictConfig
+        self.env: TeamEnvironment = load_environment(run_config, overrides)
         self.multi_output = bool(self.config.trainer.get("use_v1", False))
         if not self.multi_output and len(self.env.team.roles) > 1:
             raise ConfigError(single_output_refusal(self.env.method, len(self.env.team.roles)))
