@@ -60,7 +60,7 @@ class SearchTeamAgentLoop(agent_loop.AgentLoopBase):
         overrides = OmegaConf.to_container(OmegaConf.create(settings or {}))  # hydra hands a DictConfig
         self.env: TeamEnvironment = load_environment(run_config, overrides)
         self.multi_output = bool(self.config.trainer.get("use_v1", False))
-        if not self.multi_output and len(self.env.team.roles) > 1:
+        if not self.multi_output and len(self.env.team.roles) > 1:  # calls of two roles cannot merge
             raise ConfigError(single_output_refusal(self.env.method, len(self.env.team.roles)))
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
@@ -125,8 +125,9 @@ class SearchTeamAgentLoop(agent_loop.AgentLoopBase):
 
 def single_output_refusal(method: str, calls: int) -> str:
     return (
-        f"{method} makes {calls} separately trained LLM calls per episode, but verl's legacy trainer takes "
-        "one output per rollout: set trainer.use_v1=True (one output per turn)"
+        f"{method} made {calls} separately trained LLM calls in one episode, but verl's legacy trainer takes "
+        "one output per rollout: set trainer.use_v1=True (one output per turn), or, for a single-chain agent "
+        "such as Search-R1, train.merge_continuations: true in the searchteam config"
     )
 
 
