@@ -48,10 +48,12 @@ def test_models_lists_presets_and_trained_adapters() -> None:
 
     from searchteam.cli import app
 
-    result = CliRunner().invoke(app, ["models"], env={"COLUMNS": "200"})
-    assert result.exit_code == 0, result.output
-    for name in [*PRESETS, *TRAINED]:
-        assert name in result.output
+    piped = CliRunner().invoke(app, ["models"], env={"COLUMNS": "80"})  # not a terminal: one line each
+    assert piped.exit_code == 0, piped.output
+    assert [line.split("\t")[0] for line in piped.output.splitlines()] == [*PRESETS, *TRAINED]
+    listed = json.loads(CliRunner().invoke(app, ["models", "--json"]).output)
+    assert [entry["model"] for entry in listed] == [*PRESETS, *TRAINED]
+    assert listed[-1]["description"] == TRAINED[listed[-1]["model"]].description
 
 
 @pytest.mark.parametrize("name", sorted(TRAINED))

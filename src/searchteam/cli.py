@@ -707,28 +707,41 @@ def serve(
     serve_team(service, host=host, port=port, api_key=api_key, allow_open=allow_no_api_key)
 
 
-@app.command()
-def methods() -> None:
-    """List every method with a one-line description."""
+JSON_LISTING = typer.Option(False, "--json", help="one JSON object per entry, as a list")
+
+
+def print_listing(columns: tuple[str, ...], rows: list[tuple[str, ...]], as_json: bool) -> None:
+    """A listing that never cuts what a user types (the first column, a name): a table in a terminal whose
+    name column does not wrap, tab-separated lines when piped, or JSON."""
+    if as_json:
+        print(json.dumps([dict(zip(columns, row, strict=True)) for row in rows], indent=2))
+        return
+    if not console.is_terminal:
+        for row in rows:
+            print("\t".join(row))
+        return
     table = Table()
-    table.add_column("method")
-    table.add_column("description")
-    for name, cls in METHODS.items():
-        table.add_row(name, cls.description)
+    table.add_column(columns[0], no_wrap=True, min_width=max(len(row[0]) for row in rows))
+    for column in columns[1:]:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in row))
     console.print(table)
 
 
 @app.command()
-def recipes() -> None:
+def methods(as_json: bool = JSON_LISTING) -> None:
+    """List every method with a one-line description."""
+    print_listing(("method", "description"), [(n, c.description) for n, c in METHODS.items()], as_json)
+
+
+@app.command()
+def recipes(as_json: bool = JSON_LISTING) -> None:
     """List the shipped training recipes (names for `searchteam train --config`) and what each is for."""
     from searchteam.config import shipped_recipes
 
-    table = Table()
-    table.add_column("recipe")
-    table.add_column("purpose")
-    for name, (_, purpose) in shipped_recipes().items():
-        table.add_row(escape(name), escape(purpose))
-    console.print(table)
+    rows = [(name, purpose) for name, (_, purpose) in shipped_recipes().items()]
+    print_listing(("recipe", "purpose"), rows, as_json)
 
 
 @app.command("ship-adapter")
@@ -755,18 +768,13 @@ def ship_adapter(
 
 
 @app.command()
-def models() -> None:
+def models(as_json: bool = JSON_LISTING) -> None:
     """List the model presets and the trained adapters shipped with searchteam (names for --model)."""
     from searchteam.llm.models import PRESETS, TRAINED
 
-    table = Table()
-    for column in ("model", "kind", "description"):
-        table.add_column(column)
-    for name, preset in PRESETS.items():
-        table.add_row(name, "preset", preset.description)
-    for name, trained in TRAINED.items():
-        table.add_row(name, f"{trained.method} adapter on {trained.base}", trained.description)
-    console.print(table)
+    rows = [(name, "preset", preset.description) for name, preset in PRESETS.items()]
+    rows += [(n, f"{t.method} adapter on {t.base}", t.description) for n, t in TRAINED.items()]
+    print_listing(("model", "kind", "description"), rows, as_json)
 
 
 if __name__ == "__main__":
