@@ -88,16 +88,19 @@ def test_each_process_rolls_out_its_own_share_with_its_own_seed():
     assert len(seeds) == 12 and sampling_seed(1, 2, 3) == sampling_seed(1, 2, 3)
 
 
-def test_two_training_steps_with_the_real_default_model(tmp_path):
+def test_two_training_steps_with_the_real_default_model(tmp_path, monkeypatch):
     """`searchteam train` end to end on the embedded model, retriever and train split: one warm-start round
     (every sampled episode kept; its turns that parsed are fine-tuned), then two GRPO
     steps of the Search-R1 agent (short generations so CI stays fast), a log line per step and a loadable
-    checkpoint holding the LoRA adapter."""
+    checkpoint holding the LoRA adapter. A first run dies after the round's first sampled episode: each is
+    kept the moment it finishes (`warm_start/sampling-NN-rankR.jsonl`), so the resumed run samples only the
+    other three, and the round's collected file holds the first unchanged."""
     import json
 
     import yaml
     from typer.testing import CliRunner
 
+    from searchteam import training
     from searchteam.cli import app
     from searchteam.llm import build_llm
     from searchteam.llm.base import GenerationRequest, SamplingParams
@@ -110,6 +113,7 @@ def test_two_training_steps_with_the_real_default_model(tmp_path):
                 "max_turns": 1,
                 "top_k": 1,
                 "max_new_tokens": 24,
+                "concurrency": 1,  # one episode at a time: the first run dies with one sampled
                 "group_size": 2,
                 "questions_per_step": 1,
                 "limit": 8,
@@ -124,11 +128,30 @@ def test_two_training_steps_with_the_real_default_model(tmp_path):
             }
         )
     )
-    run = tmp_path / "run"
-    result = CliRunner().invoke(
-        app, ["train", "--config", str(config), "--steps", "2", "--out", str(run), "--device", "cpu"]
-    )
+    run, sampled = tmp_path / "run", []
+    args = ["train", "--config", str(config), "--steps", "2", "--out", str(run), "--device", "cpu"]
+    append = training.append_sampling
+
+    def counted(path, episode):
+        append(path, episode)
+        sampled.append(path)
+
+    def dies_after_one(path, episode):
+        counted(path, episode)
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(training, "append_sampling", dies_after_one)
+    assert CliRunner().invoke(app, args).exit_code != 0
+    (path,) = sampled
+    (before,) = path.read_text().splitlines()
+    monkeypatch.setattr(training, "append_sampling", counted)
+    result = CliRunner().invoke(app, [*args, "--resume"])
     assert result.exit_code == 0, result.output
+    assert len(sampled) == 4 and not path.exists()  # the resumed run sampled the other three
+    collected = (run / "warm_start" / "collected-01.jsonl").read_text().splitlines()
+    assert json.loads(before) in [
+        {k: v for k, v in json.loads(line).items() if k != "score"} for line in collected
+    ]
     assert "warm-start round 1" in result.output
     (warm,) = [json.loads(line) for line in (run / "warm_start" / "log.jsonl").read_text().splitlines()]
     assert warm["episodes"] == 4 and warm["kept"] == 4

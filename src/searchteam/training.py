@@ -4,13 +4,15 @@ team-agnostic RL trainer. The only module that knows all three."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +35,13 @@ from searchteam.rewards.metrics import answer_scores
 from searchteam.rl import Policy, TrainConfig, Trainer, load_policy
 from searchteam.rl.config import WarmStartConfig
 from searchteam.rl.distributed import make_accelerator
-from searchteam.rl.warm_start import WarmStart
+from searchteam.rl.warm_start import WarmStart, append_sampling, read_sampling, sampling_path
 from searchteam.runtime import make_backends, run_episodes
 from searchteam.teams import Team
 from searchteam.tracking import TrackingSetup, check_installed, trackers_for
 from searchteam.types import Episode, Question
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TRAIN_DATASETS = ["nq", "hotpotqa"]  # the papers train on NQ + HotpotQA
 WARM_START_SEED = 7919  # offsets the warm start's question order and sampling seeds from RL's
@@ -285,7 +289,13 @@ def make_rollout(
     shared = world > 1 and hasattr(backend, "adopt_adapters")
     share = broadcast_from_main if shared else None
 
-    def rollout(step: int, attempt: int = 0) -> list[Episode]:
+    def rollout(
+        step: int,
+        attempt: int = 0,
+        *,
+        done: Sequence[Episode] = (),
+        on_episode: Callable[[Episode], None] | None = None,
+    ) -> list[Episode]:
         timings.clear()
         if engine not in ("hf", "teacher") and attempt == 0:  # the weights changed in the last update
             timings["time/weight_sync"] = sync_adapters(
@@ -300,7 +310,7 @@ def make_rollout(
         torch.manual_seed(seed)
         if hasattr(backend, "reseed"):
             backend.reseed(seed)
-        copies = [q.model_copy() for q in batch for _ in range(cfg.group_size)]
+        copies = unsampled(batch, cfg.group_size, done)
         backends = make_backends({"policy": backend, **extra}, retriever, max_batch=cfg.batch_size)
         policy.model.eval()
         episodes, _ = asyncio.run(
@@ -314,15 +324,28 @@ def make_rollout(
                 concurrency=cfg.concurrency,
                 progress=progress,
                 training=True,
+                on_episode=on_episode,
             )
         )
-        for episode in episodes:  # in the order of `copies`: each question's group together
+        for episode in episodes:
             episode.group_id = episode.question.id
-        return episodes
+        position = {q.id: i for i, q in enumerate(batch)}  # each question's group together, in batch order
+        return sorted([*done, *episodes], key=lambda e: position.get(e.question.id, len(position)))
 
     rollout.timings = timings  # type: ignore[attr-defined]  # read by the trainer after each call
     rollout.close = getattr(backend, "close", lambda: None)  # type: ignore[attr-defined]  # unloads adapters
     return rollout
+
+
+def unsampled(batch: list[Question], group_size: int, done: Sequence[Episode]) -> list[Question]:
+    """`group_size` copies of each question of `batch`, less the episodes of it `done` already holds."""
+    left = Counter(e.question.id for e in done)
+    copies = []
+    for q in batch:
+        skip = min(left[q.id], group_size)
+        left[q.id] -= skip
+        copies += [q.model_copy() for _ in range(group_size - skip)]
+    return copies
 
 
 def broadcast_from_main(value: Any) -> Any:
@@ -525,7 +548,12 @@ def warm_start_stage(
                     world=world,
                 )
             )
-        episodes = rollout[0](round_index - 1)
+        # every episode is kept the moment it is sampled, so a run killed mid-round samples only the rest
+        path = sampling_path(out, round_index, rank)
+        done = read_sampling(path)
+        if done:
+            log.warning("warm-start round %d resumes: %d episodes sampled before", round_index, len(done))
+        episodes = rollout[0](round_index - 1, done=done, on_episode=lambda e: append_sampling(path, e))
         if round_index == ws.rounds:
             rollout[0].close()  # type: ignore[attr-defined]
             rollout.clear()  # frees the stage's engine (or teacher) before RL builds its own

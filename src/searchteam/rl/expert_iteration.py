@@ -101,6 +101,7 @@ class ExpertIteration:
         scores = [self.stage.score(e) for e in episodes]
         if self.accelerator.is_main_process:
             ws.save_collected(self.run_dir, round_index, episodes, scores)
+            ws.clear_sampling(self.run_dir, round_index)
         self.accelerator.wait_for_everyone()
         return episodes, scores
 

@@ -165,8 +165,10 @@ def finished_rounds(run_dir: Path) -> int:
 
 
 def has_progress(run_dir: Path) -> bool:
-    """Whether a warm start in `run_dir` finished a round or saved a round's samples: something to resume."""
-    return finished_rounds(run_dir) > 0 or any(warm_dir(run_dir).glob(COLLECTED))
+    """Whether a warm start in `run_dir` finished a round or saved any of a round's samples: something to
+    resume."""
+    sampled = any(warm_dir(run_dir).glob("sampling-*.jsonl"))
+    return finished_rounds(run_dir) > 0 or any(warm_dir(run_dir).glob(COLLECTED)) or sampled
 
 
 def collected_path(run_dir: Path, round_index: int) -> Path:
@@ -196,6 +198,29 @@ def save_collected(run_dir: Path, round_index: int, episodes: list[Episode], sco
     during the (long) fine-tuning resumes the round from these instead of sampling it again."""
     lines = (_episode_line("score", score, e) for e, score in zip(episodes, scores, strict=True))
     write_lines_atomic(collected_path(run_dir, round_index), lines)
+
+
+def sampling_path(run_dir: Path, round_index: int, rank: int = 0) -> Path:
+    """Where a process appends each episode of a round the moment it is sampled, until the round's
+    `collected-NN.jsonl` holds them all: a run killed while sampling keeps what it had sampled."""
+    return warm_dir(run_dir) / f"sampling-{round_index:02d}-rank{rank}.jsonl"
+
+
+def read_sampling(path: Path) -> list[Episode]:
+    """The episodes a killed sampling had finished (a torn last line left out)."""
+    return [Episode.model_validate(r) for r in read_jsonl_tolerant(path)] if path.exists() else []
+
+
+def append_sampling(path: Path, episode: Episode) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(text_only(episode).model_dump_json() + "\n")
+
+
+def clear_sampling(run_dir: Path, round_index: int) -> None:
+    """Drop the round's per-episode files once its `collected-NN.jsonl` is written."""
+    for path in warm_dir(run_dir).glob(f"sampling-{round_index:02d}-rank*.jsonl"):
+        path.unlink(missing_ok=True)
 
 
 def collected_rounds(run_dir: Path) -> list[int]:
