@@ -310,6 +310,8 @@ def make_rollout(
         torch.manual_seed(seed)
         if hasattr(backend, "reseed"):
             backend.reseed(seed)
+        position = {q.id: i for i, q in enumerate(batch)}  # each question's group together, in batch order
+        done = [e for e in done if e.question.id in position]  # another batch's episodes are not this one's
         copies = unsampled(batch, cfg.group_size, done)
         backends = make_backends({"policy": backend, **extra}, retriever, max_batch=cfg.batch_size)
         policy.model.eval()
@@ -329,8 +331,7 @@ def make_rollout(
         )
         for episode in episodes:
             episode.group_id = episode.question.id
-        position = {q.id: i for i, q in enumerate(batch)}  # each question's group together, in batch order
-        return sorted([*done, *episodes], key=lambda e: position.get(e.question.id, len(position)))
+        return sorted([*done, *episodes], key=lambda e: position[e.question.id])
 
     rollout.timings = timings  # type: ignore[attr-defined]  # read by the trainer after each call
     rollout.close = getattr(backend, "close", lambda: None)  # type: ignore[attr-defined]  # unloads adapters
