@@ -28,6 +28,7 @@ from searchteam.llm.base import (
     SamplingParams,
     cut_completion,
     render_prompt_ids,
+    text_decoder,
 )
 from searchteam.methods import build_reward_scheme
 from searchteam.retrieval.base import Retriever
@@ -63,7 +64,7 @@ class TokenServerLLM:
     async def agenerate(self, request: GenerationRequest) -> Completion:
         prompt = render_prompt_ids(self.tokenizer, request)
         ids, logprobs = await self._generate(prompt, request.sampling)
-        decode = functools.partial(self.tokenizer.decode, skip_special_tokens=True)
+        decode = text_decoder(self.tokenizer)
         kept, text, stopped = cut_completion(list(ids), self._eos, request.sampling.stop, decode)
         return Completion(
             text=text,
