@@ -132,3 +132,15 @@ def test_a_missing_framework_is_a_one_line_error_naming_its_extra(framework):
         pytest.skip(f"{framework} is installed here")
     with pytest.raises(MissingExtra, match=rf"pip install 'searchteam\[{framework}\]'"):
         importlib.import_module(f"searchteam.integrations.{framework}")
+
+
+def test_an_episode_that_trained_no_turn_becomes_one_fully_masked_sample(tmp_path, smollm_tokenizer):
+    from searchteam.types import Episode
+
+    env = load_environment(run_config(tmp_path, "naive_rag"))
+    episode = Episode(question=env.question({**ROW, "method": "naive_rag"}), method="naive_rag")
+    sample = env.placeholder(episode, smollm_tokenizer)
+    request = GenerationRequest([{"role": "user", "content": "Who wrote Dune?"}])
+    assert sample.prompt_ids == render_prompt_ids(smollm_tokenizer, request)
+    assert sample.completion_ids == [smollm_tokenizer.eos_token_id] and sample.loss_mask == [0]
+    assert sample.group_id == "q1" and sample.turn_index == -1

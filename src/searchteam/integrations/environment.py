@@ -60,12 +60,12 @@ class TokenServerLLM:
         self.name = name
         self.concurrency = concurrency
         self._eos = {tokenizer.eos_token_id} - {None}
+        self._decode = text_decoder(tokenizer)
 
     async def agenerate(self, request: GenerationRequest) -> Completion:
         prompt = render_prompt_ids(self.tokenizer, request)
         ids, logprobs = await self._generate(prompt, request.sampling)
-        decode = text_decoder(self.tokenizer)
-        kept, text, stopped = cut_completion(list(ids), self._eos, request.sampling.stop, decode)
+        kept, text, stopped = cut_completion(list(ids), self._eos, request.sampling.stop, self._decode)
         return Completion(
             text=text,
             prompt_token_ids=prompt,
@@ -152,6 +152,20 @@ class TeamEnvironment:
             tokenizer,
             roles=self.config.train.roles or None,
             merge_continuations=self.config.train.merge_continuations,
+        )
+
+    def placeholder(self, episode: Episode, tokenizer) -> Sample:
+        """The sample of an episode that trained no turn (it failed before its first call): the question as
+        the prompt and one EOS, fully masked, so the rollout keeps its place and nothing is trained on it."""
+        request = GenerationRequest([{"role": "user", "content": episode.question.question}])
+        return Sample(
+            prompt_ids=render_prompt_ids(tokenizer, request),
+            completion_ids=[tokenizer.eos_token_id],
+            loss_mask=[0],
+            role="",
+            episode_id=0,
+            group_id=episode.question.id,
+            turn_index=-1,
         )
 
 

@@ -128,20 +128,8 @@ class SearchTeamGenerator(generators.GeneratorInterface):
         episode = await self.env.play(
             question, TokenServerLLM(generate, self.tokenizer, name="skyrl"), group=question.id
         )
-        samples = self.env.samples(episode, self.tokenizer) or [self._placeholder(episode)]
+        samples = self.env.samples(episode, self.tokenizer) or [self.env.placeholder(episode, self.tokenizer)]
         return episode, samples
-
-    def _placeholder(self, episode: Episode) -> Sample:
-        """An episode that trained no turn: one fully masked row, so its trajectory keeps its place."""
-        return Sample(
-            prompt_ids=list(self.tokenizer(episode.question.question, add_special_tokens=False)["input_ids"]),
-            completion_ids=[self.tokenizer.eos_token_id],
-            loss_mask=[0],
-            role="",
-            episode_id=0,
-            group_id=episode.question.id,
-            turn_index=-1,
-        )
 
 
 def _stop_reason(episode: Episode, sample: Sample) -> str:

@@ -37,7 +37,7 @@ from searchteam.integrations.environment import (
     server_request,
 )
 from searchteam.integrations.questions import AGENT_NAME
-from searchteam.llm.base import GenerationRequest, SamplingParams, render_prompt_ids
+from searchteam.llm.base import SamplingParams
 from searchteam.rl.experience import Sample
 from searchteam.types import Episode
 
@@ -69,7 +69,7 @@ class SearchTeamAgentLoop(agent_loop.AgentLoopBase):
         llm = TokenServerLLM(self._generate_through(sampling_params), self.tokenizer, name="verl")
         episode = await self.env.play(question, llm, group=str(kwargs.get("uid", question.id)))
         samples = self.env.samples(episode, self.tokenizer)
-        outputs = [self._output(s, episode) for s in samples] or [self._placeholder(episode, kwargs)]
+        outputs = [self._output(s, episode) for s in samples] or [self._placeholder(episode)]
         if self.multi_output:
             return outputs
         if len(outputs) > 1:
@@ -108,19 +108,12 @@ class SearchTeamAgentLoop(agent_loop.AgentLoopBase):
             extra_fields=_fields(episode, sample.role, sample.turn_index, sample.reward),
         )
 
-    def _placeholder(self, episode: Episode, kwargs: dict[str, Any]) -> Any:
-        """An episode that trained no turn (it failed before its first call): one fully masked output, so the
-        rollout still counts in its group with reward 0 and nothing is trained on it."""
-        prompt = GenerationRequest(messages=list(kwargs.get("raw_prompt") or []))
-        return agent_loop.AgentLoopOutput(
-            prompt_ids=render_prompt_ids(self.tokenizer, prompt),
-            response_ids=[self.tokenizer.eos_token_id],
-            response_mask=[0],
-            reward_score=0.0,
-            num_turns=1,
-            metrics=_metrics(episode),
-            extra_fields=_fields(episode, "", -1, 0.0),
-        )
+    def _placeholder(self, episode: Episode) -> Any:
+        """An episode that trained no turn: its fully masked sample (`TeamEnvironment.placeholder`) with
+        reward 0, so the rollout still counts in its group and nothing is trained on it."""
+        output = self._output(self.env.placeholder(episode, self.tokenizer), episode)
+        output.reward_score = 0.0
+        return output
 
 
 def single_output_refusal(method: str, calls: int) -> str:
