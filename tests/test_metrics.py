@@ -166,6 +166,8 @@ def test_prompt_answers_are_the_tagged_answers_of_every_prompt_string():
         },
     }
     assert prompt_answers(prompts) == {"beijing", "kendalls", "sam altman"}
+    named = {**prompts, "example_entities": ["George Orwell", "The Kendalls"]}
+    assert prompt_answers(named) == {"beijing", "kendalls", "sam altman", "george orwell"}
 
 
 @pytest.mark.parametrize("method", ["direct", "naive_rag"])

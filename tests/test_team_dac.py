@@ -64,6 +64,12 @@ def test_a_copy_of_the_prompt_examples_answer_that_no_passage_holds_is_withdrawn
     assert solve(scripted(search_once)).answer == "Thomas Mann"  # any other answer passes untouched
 
 
+def test_a_copy_of_an_example_entity_that_no_passage_holds_is_withdrawn():
+    # the example's first hop: Search-R1's most frequent wrong answer on 100 dev questions
+    copied = solve(scripted(search_once, "<think> The author. </think>\n<answer> George Orwell </answer>"))
+    assert copied.answer == "" and copied.meta[WITHDRAWN] == "George Orwell"
+
+
 def test_stop_ends_the_search_and_the_generator_answers_from_the_evidence():
     ep = run(scripted(search_once))
     assert [t.role for t in ep.turns] == ["searcher", "searcher", "generator"]

@@ -17,7 +17,7 @@ QUESTION = Question(
 
 def by_prompt(team, script: dict[str, list[str]]) -> ScriptedLLM:
     """Answer each request from the queue of the prompt (role) it was built from, found by its system text."""
-    keys = {p["system"].strip(): key for key, p in team.prompts.items()}
+    keys = {p["system"].strip(): key for key, p in team.prompts.items() if isinstance(p, dict)}
 
     def respond(request: GenerationRequest) -> str:
         queue = script[keys[request.messages[0]["content"]]]

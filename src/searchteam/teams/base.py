@@ -77,10 +77,11 @@ class Team(ABC):
     async def run(self, q: Question, ctx: Context) -> str: ...
 
     async def solve(self, q: Question, ctx: Context) -> str:
-        """The episode's final answer: `run`'s, withdrawn when it repeats an answer of the prompts' examples
-        that neither the question nor any retrieved passage contains. A small model copies its example
-        when it has nothing to go on ("George Orwell" for "Who wrote Dune?"); the withdrawn answer stays in
-        `episode.meta`, and the turn that wrote it is flagged as a format error."""
+        """The episode's final answer: `run`'s, withdrawn when it repeats an answer or a listed entity of the
+        prompts' examples (`example_answers`) that neither the question nor any retrieved passage contains.
+        A small model copies its example when it has nothing to go on ("George Orwell" for "Who wrote
+        Dune?"); the withdrawn answer stays in `episode.meta`, and the turn that wrote it is flagged as a
+        format error."""
         answer = await self.run(q, ctx)
         copied = normalize_answer(answer)
         texts = [q.question, *(p.contents for r in ctx.episode.retrievals for p in r.passages)]
@@ -106,7 +107,8 @@ class Team(ABC):
         return messages
 
     def example_answers(self) -> frozenset[str]:
-        """The answers its prompts show, normalized: a prediction equal to one was probably copied."""
+        """The answers and `example_entities` its prompts show, normalized: a prediction equal to one was
+        probably copied."""
         return prompt_answers(self.prompts)
 
     @staticmethod
@@ -169,19 +171,25 @@ def prompt_file(team: type[Team]) -> Path:
     raise FileNotFoundError(f"team '{team.name}' has no prompts.yaml next to its module or a base class's")
 
 
+EXAMPLE_ENTITIES = "example_entities"  # prompts.yaml: the names the examples use besides their answers
 WITHDRAWN = "withdrawn_example_answer"  # episode.meta: the copied example answer `Team.solve` withdrew
 # An answer tag with its content (`<answer>George Orwell</answer>`, `<predicted_answer>x</predicted_answer>`).
 ANSWER_TAG = re.compile(r"<(\w*answer)>([^<]*)</\1>")
 
 
 def prompt_answers(prompts: Any) -> frozenset[str]:
-    """Every answer written in a prompt tree's strings, normalized. "between <answer> and </answer>" in an
-    instruction names the tags and is no answer."""
+    """Every answer written in a prompt tree's strings and every name its `example_entities` lists (the
+    examples' other entities, such as the intermediate hop "George Orwell", which a small model copies too),
+    normalized. "between <answer> and </answer>" in an instruction names the tags and is no answer."""
     if isinstance(prompts, str):
         found = (normalize_answer(m.group(2)) for m in ANSWER_TAG.finditer(prompts))
         return frozenset(a for a in found if a and a != "and")
-    children = prompts.values() if isinstance(prompts, dict) else prompts if isinstance(prompts, list) else ()
-    return frozenset().union(*(prompt_answers(child) for child in children))
+    if isinstance(prompts, list):
+        return frozenset().union(*(prompt_answers(child) for child in prompts))
+    if not isinstance(prompts, dict):
+        return frozenset()
+    named = frozenset(normalize_answer(name) for name in prompts.get(EXAMPLE_ENTITIES, ()))
+    return named.union(*(prompt_answers(v) for k, v in prompts.items() if k != EXAMPLE_ENTITIES))
 
 
 @cache
