@@ -7,13 +7,13 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from searchteam.auth import API_KEY_ENV, OpenServerRefused, check_bind
+from searchteam.auth import API_KEY_ENV, check_bind
 from searchteam.cli import app as cli_app
 from searchteam.config import RunConfig
+from searchteam.errors import OpenServerRefused, RetrievalError
 from searchteam.factory import Components
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.methods import get_team
-from searchteam.retrieval.base import RetrievalError
 from searchteam.retrieval.http import HTTPRetriever
 from searchteam.retrieval.server import create_app as retriever_app
 from searchteam.serve import build_service

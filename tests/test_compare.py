@@ -11,13 +11,8 @@ from typer.testing import CliRunner
 
 from searchteam.cli import app
 from searchteam.data.benchmark import answer_form
-from searchteam.eval.compare import (
-    CompareError,
-    bootstrap_interval,
-    compare_runs,
-    load_rows,
-    sign_flip_p_value,
-)
+from searchteam.errors import CompareError
+from searchteam.eval.compare import bootstrap_interval, compare_runs, load_rows, sign_flip_p_value
 
 
 def write_run(path: Path, rows: list[tuple[str, str, float, float]], torn: bool = False) -> Path:

@@ -148,7 +148,7 @@ def test_processes_on_one_server_load_each_adapter_once(two_ranks: Path, fake_vl
 def test_distributed_modes_that_do_not_work_are_refused_in_one_line(kind: str):
     from accelerate.utils import DistributedType
 
-    from searchteam.config import ConfigError
+    from searchteam.errors import ConfigError
     from searchteam.rl.distributed import check_distributed
 
     with pytest.raises(ConfigError, match=r"not supported.*--num-processes N") as refused:

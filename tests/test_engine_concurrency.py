@@ -11,7 +11,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from searchteam.llm.base import GenerationRequest, LLMError, SamplingParams
+from searchteam.errors import LLMError
+from searchteam.llm.base import GenerationRequest, SamplingParams
 from searchteam.llm.openai import OpenAIBackend
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.methods import get_team

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from searchteam.config import ConfigError, RunConfig, load_config
+from searchteam.config import RunConfig, load_config
+from searchteam.errors import ConfigError
 from searchteam.llm import GenerationRequest, SamplingParams
 from searchteam.llm import vllm as vllm_backend
 from searchteam.llm.models import TRAINED
@@ -200,7 +201,8 @@ def test_base_model_beside_a_checkpoint_shares_its_engine_without_lora(tmp_path,
 
 
 def test_adapters_on_an_engine_started_without_lora_are_refused(tmp_path, fake_vllm, tokenizer_of):
-    from searchteam.llm import LLMError, build_llm
+    from searchteam.errors import LLMError
+    from searchteam.llm import build_llm
 
     tokenizer_of(llama3_like_tokenizer())
     build_llm("base-model", backend="vllm")

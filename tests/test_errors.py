@@ -16,13 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 import searchteam.eval.runner as runner
 import searchteam.retrieval.http as http
-from searchteam.cli import app
-from searchteam.config import ConfigError, RunConfig, load_config
-from searchteam.data.benchmark import DataError, load_questions
+from searchteam import errors
+from searchteam.cli import app, user_errors
+from searchteam.config import RunConfig, load_config
+from searchteam.data.benchmark import load_questions
+from searchteam.errors import ConfigError, DataError
 from searchteam.factory import Components, build_team
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.methods import METHODS, get_team
@@ -61,6 +64,25 @@ def scripted_eval(monkeypatch: pytest.MonkeyPatch) -> ScriptedLLM:
         lambda config, team=None: Components(team or build_team(config), {"policy": llm}, None),
     )
     return llm
+
+
+USER_ERRORS = [
+    cls
+    for cls in vars(errors).values()
+    if isinstance(cls, type) and issubclass(cls, errors.SearchTeamError) and cls is not errors.SearchTeamError
+]
+
+
+@pytest.mark.parametrize("error", USER_ERRORS, ids=lambda cls: cls.__name__)
+def test_every_user_error_is_one_line_from_any_command(error: type[Exception]) -> None:
+    def fail() -> None:
+        with user_errors():
+            raise error("what went wrong [and what to do]")
+
+    probe = typer.Typer()
+    probe.command()(fail)
+    probe.command("other")(lambda: None)  # two commands: the first argument names one
+    assert error_line(CliRunner().invoke(probe, ["fail"])) == "error: what went wrong [and what to do]"
 
 
 # --- output folders that cannot be written ----------------------------------------------------------------

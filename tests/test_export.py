@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 from searchteam.cli import app
 from searchteam.config import RunConfig
 from searchteam.data.benchmark import load_benchmark
+from searchteam.errors import ExportError
 from searchteam.eval import runner
 from searchteam.factory import Components, build_team
 from searchteam.integrations.export import export_runs
-from searchteam.integrations.turns import ExportError
 from searchteam.integrations.views import dpo_rows, stepwise_rows
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.rl.run_log import trace, whole_episode

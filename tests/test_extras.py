@@ -12,9 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from searchteam import extras
-from searchteam.extras import MissingExtra, require
-from searchteam.llm.base import LLMError
-from searchteam.retrieval.base import RetrievalError
+from searchteam.errors import LLMError, MissingExtra, RetrievalError
+from searchteam.extras import require
 
 
 def hide(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
@@ -123,7 +122,7 @@ def test_training_curves_without_matplotlib(tmp_path: Path, monkeypatch: pytest.
 
 def test_tensorboard_missing_names_the_train_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     from searchteam import tracking
-    from searchteam.config import ConfigError
+    from searchteam.errors import ConfigError
 
     monkeypatch.setattr(tracking, "is_installed", lambda name: False)
     with pytest.raises(ConfigError, match=r"pip install 'searchteam\[train\]'"):

@@ -26,7 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import searchteam
-from searchteam.config import ConfigError, RunConfig, load_config
+from searchteam.config import RunConfig, load_config
+from searchteam.errors import ConfigError
 from searchteam.methods.dac import team as dac
 from searchteam.methods.decor import team as decor
 from searchteam.methods.ircot import team as ircot

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
-from searchteam.config import ConfigError  # noqa: E402
+from searchteam.errors import ConfigError  # noqa: E402
 from searchteam.integrations.questions import write_questions  # noqa: E402
 from searchteam.llm.base import SamplingParams  # noqa: E402
 from searchteam.types import Question  # noqa: E402

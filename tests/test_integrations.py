@@ -13,8 +13,8 @@ import pytest
 import torch
 import yaml
 
-from searchteam.config import ConfigError
-from searchteam.extras import MissingExtra, has
+from searchteam.errors import ConfigError, MissingExtra
+from searchteam.extras import has
 from searchteam.integrations.environment import TokenServerLLM, load_environment, server_request
 from searchteam.llm.base import GenerationRequest, SamplingParams, render_prompt_ids
 from searchteam.rl.experience import env_token_mask

@@ -2,7 +2,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from searchteam.llm import GenerationRequest, LLMError, SamplingParams, build_llm
+from searchteam.errors import LLMError
+from searchteam.llm import GenerationRequest, SamplingParams, build_llm
 from searchteam.llm import models as model_presets
 from searchteam.llm.base import truncate_at_stop
 from searchteam.llm.openai import OpenAIBackend

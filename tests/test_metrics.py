@@ -3,7 +3,7 @@ import pytest
 from searchteam.config import RunConfig
 from searchteam.eval.summary import recall_ks, result_row, summarize
 from searchteam.factory import build_team
-from searchteam.rewards.metrics import (
+from searchteam.metrics import (
     answer_scores,
     cover_exact_match,
     exact_match,

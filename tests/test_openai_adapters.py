@@ -8,7 +8,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from searchteam.llm import GenerationRequest, LLMError
+from searchteam.errors import LLMError
+from searchteam.llm import GenerationRequest
 from searchteam.llm.openai import OpenAIBackend
 from tests.helpers import serve_on_loopback
 

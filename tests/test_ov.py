@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from searchteam.errors import EngineStalled
 from searchteam.llm import build_llm, resolve_backend
 from searchteam.llm.base import SHARED, GenerationRequest, SamplingParams
-from searchteam.llm.ov import EngineStalled, OVBackend, ov_supports
+from searchteam.llm.ov import OVBackend, ov_supports
 
 pytest.importorskip("openvino_genai")
 
@@ -143,7 +144,7 @@ def test_auto_picks_openvino_on_the_cpu_for_what_it_runs():
 
 
 def test_engine_refuses_what_it_cannot_run(tmp_path):
-    from searchteam.llm.base import LLMError
+    from searchteam.errors import LLMError
 
     with pytest.raises(LLMError, match="presets"):
         OVBackend(str(tmp_path))

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from searchteam.llm.base import LLMError
-from searchteam.llm.ov import EngineStalled, watch_stall
+from searchteam.errors import EngineStalled, LLMError
+from searchteam.llm.ov import watch_stall
 
 
 def _burn(seconds: float) -> str:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from searchteam.config import RunConfig
-from searchteam.retrieval import RetrievalError, build_retriever
+from searchteam.errors import RetrievalError
+from searchteam.retrieval import build_retriever
 from searchteam.retrieval.dense import default_model_path
 from searchteam.retrieval.rerank import (
     BiEncoderScorer,

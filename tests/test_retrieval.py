@@ -18,7 +18,8 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from searchteam.retrieval import RetrievalError, build_retriever, load_corpus
+from searchteam.errors import RetrievalError
+from searchteam.retrieval import build_retriever, load_corpus
 from searchteam.retrieval.bm25 import BM25Retriever
 from searchteam.retrieval.corpus import corpus_fingerprint
 from searchteam.retrieval.http import HTTPRetriever

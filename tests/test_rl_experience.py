@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from searchteam.rl.experience import ExperienceError, chat_render, collate, samples_from_episodes
+from searchteam.errors import ExperienceError
+from searchteam.rl.experience import chat_render, collate, samples_from_episodes
 from searchteam.types import Episode, Question, Turn
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]

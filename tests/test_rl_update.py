@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from searchteam.config import ConfigError
+from searchteam.errors import ConfigError
 from searchteam.llm import logprobs as lp
 from searchteam.rl.batching import Slot, deal, lockstep, micro_batches, mini_batches
 from searchteam.rl.config import TrainConfig

@@ -4,10 +4,10 @@ import json
 import pytest
 import yaml
 
-from searchteam.config import ConfigError, RunConfig, load_config
+from searchteam.config import RunConfig, load_config
+from searchteam.errors import ConfigError, LLMError
 from searchteam.eval.runner import evaluate, read_results
 from searchteam.factory import Components, build_sampling, build_team
-from searchteam.llm.base import LLMError
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.methods import get_team
 from searchteam.runtime import Batcher, Sampling, make_backends, run_episodes

@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 
 from searchteam.cli import app as cli_app
 from searchteam.config import RunConfig
+from searchteam.errors import LLMError
 from searchteam.factory import Components
-from searchteam.llm.base import GenerationRequest, LLMError
+from searchteam.llm.base import GenerationRequest
 from searchteam.llm.openai import OpenAIBackend
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.methods import get_team

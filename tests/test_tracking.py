@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from searchteam import tracking
-from searchteam.config import ConfigError, RunConfig, load_config
+from searchteam.config import RunConfig, load_config
+from searchteam.errors import ConfigError
 from searchteam.eval.runner import evaluate
 from searchteam.factory import Components
 from searchteam.llm.scripted import ScriptedLLM

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from searchteam.config import ConfigError, shipped_recipes
+from searchteam.config import shipped_recipes
+from searchteam.errors import ConfigError
 from searchteam.methods import reward_methods
 from searchteam.methods.qagent import frozen_generator
 from searchteam.rl.config import TrainConfig

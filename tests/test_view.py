@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from searchteam.cli import app as cli_app
-from searchteam.viewer import ViewerError, create_app
+from searchteam.errors import ViewerError
+from searchteam.viewer import create_app
 from searchteam.viewer.runs import Filters, open_run, timeline
 from tests.helpers import serve_on_loopback
 

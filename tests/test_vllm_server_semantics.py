@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from searchteam.config import ConfigError
-from searchteam.llm import GenerationRequest, LLMError, SamplingParams
+from searchteam.errors import ConfigError, LLMError
+from searchteam.llm import GenerationRequest, SamplingParams
 from searchteam.llm.base import render_prompt_ids
 from searchteam.llm.hf import HFBackend, encode_prompts, generation_kwargs
 from searchteam.llm.models import PRESETS, resolve_model

@@ -13,14 +13,10 @@ import ipaddress
 import json
 import os
 
-from searchteam.config import ConfigError
+from searchteam.errors import OpenServerRefused
 
 API_KEY_ENV = "SEARCHTEAM_API_KEY"  # the key servers require and searchteam's clients send
 OPEN_PATHS = frozenset({"/health"})
-
-
-class OpenServerRefused(ConfigError):
-    """A server bound beyond the loopback interface without an API key."""
 
 
 def api_key_from_env() -> str | None:

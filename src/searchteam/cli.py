@@ -20,11 +20,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from searchteam.auth import API_KEY_ENV
-from searchteam.config import ConfigError, RunConfig, load_config, parse_settings
-from searchteam.data.benchmark import DataError
-from searchteam.llm.base import LLMError
-from searchteam.methods import METHODS, UnknownMethodError
-from searchteam.retrieval.base import RetrievalError
+from searchteam.config import RunConfig, load_config, parse_settings
+from searchteam.errors import ConfigError, SearchTeamError
+from searchteam.methods import METHODS
 
 if TYPE_CHECKING:
     from searchteam.types import Episode
@@ -239,7 +237,7 @@ def user_errors() -> Iterator[None]:
 
     try:
         yield
-    except (ConfigError, DataError, LLMError, RetrievalError, UnknownMethodError, OSError) as exc:
+    except (SearchTeamError, OSError) as exc:
         if isinstance(exc, OSError):
             message = filesystem_fault(exc)
             if message is None:
@@ -493,14 +491,11 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Pair two eval runs question by question: B − A with a 95% bootstrap interval and sign-flip p."""
-    from searchteam.eval.compare import CompareError, compare_runs, report_json
+    from searchteam.eval.compare import compare_runs, report_json
 
-    try:
+    with user_errors():
         metrics = tuple(m.strip() for m in metric.split(",") if m.strip())
         diffs, unpaired = compare_runs(run_a, run_b, metrics, by)
-    except CompareError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
     if as_json:
         console.print_json(json.dumps(report_json(diffs, unpaired)))
         return
@@ -657,13 +652,10 @@ def view(
     """Browse a run's episodes turn by turn in the browser (read-only)."""
     import uvicorn
 
-    from searchteam.viewer import ViewerError, create_app
+    from searchteam.viewer import create_app
 
-    try:
+    with user_errors():
         viewer = create_app([run_a, *([run_b] if run_b else [])], corpus)
-    except ViewerError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
     console.print(f"viewer on http://{host}:{port}/ (Ctrl-C stops it)")
     uvicorn.run(viewer, host=host, port=port, log_level="warning")
 
@@ -756,14 +748,10 @@ def ship_adapter(
 ) -> None:
     """Copy a training checkpoint's LoRA adapters (fp16) into the package as a named trained adapter;
     register the name in searchteam.llm.models.TRAINED to select it with --model."""
-    from searchteam.ship import ShipError, ship
+    from searchteam.ship import ship
 
-    try:
-        with user_errors():
-            target = ship(checkpoint, name, into) if into else ship(checkpoint, name)
-    except ShipError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(2) from None
+    with user_errors():
+        target = ship(checkpoint, name, into) if into else ship(checkpoint, name)
     console.print(f"[green]shipped:[/] {target}")
 
 

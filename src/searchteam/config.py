@@ -11,6 +11,7 @@ from typing import Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from searchteam.errors import ConfigError
 from searchteam.llm.models import DEFAULT_MODEL, TRAINED
 
 METHODS_DIR = Path(__file__).parent / "methods"  # each method ships its recipes in <method>/recipes/
@@ -18,10 +19,6 @@ METHODS_DIR = Path(__file__).parent / "methods"  # each method ships its recipes
 TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
 NO_TRACKER = "none"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts (MaxLoRARanks)
-
-
-class ConfigError(ValueError):
-    """A config file or flag that cannot be used; the message names the file and field."""
 
 
 class EngineSettings(BaseModel):

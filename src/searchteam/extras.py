@@ -16,13 +16,7 @@ import importlib
 import importlib.util
 from types import ModuleType
 
-from searchteam.llm.base import LLMError
-from searchteam.retrieval.base import RetrievalError
-
-
-class MissingExtra(LLMError, RetrievalError):
-    """An optional package is not installed. Both an LLMError and a RetrievalError, so that every command
-    that shows those as one line (without a traceback) shows this one too."""
+from searchteam.errors import MissingExtra
 
 
 def install_hint(extra: str) -> str:

@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from searchteam.errors import JsonlError
+
 log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
@@ -274,10 +276,6 @@ def _move_into_place(folder: Path, target: Path, keep: Callable[[Path], bool] | 
     finally:
         if aside is not None:
             shutil.rmtree(aside, ignore_errors=True)
-
-
-class JsonlError(ValueError):
-    """A JSONL line before the last is not JSON: the file is damaged, not torn by a killed writer."""
 
 
 def read_jsonl_numbered(path: Path, *, repair: bool = False) -> list[tuple[int, Any]]:

@@ -37,7 +37,7 @@ from searchteam.config import RunConfig
 from searchteam.eval.summary import episode_trace
 from searchteam.factory import Components, build_components, build_sampling
 from searchteam.http_bounds import BoundedApp, RequestGate
-from searchteam.rewards.metrics import answer_scores
+from searchteam.metrics import answer_scores
 from searchteam.runtime import Backends, Sampling, make_backends
 from searchteam.runtime.context import TurnHook
 from searchteam.runtime.runner import INFRASTRUCTURE_ERRORS, run_episode

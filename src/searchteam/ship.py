@@ -14,11 +14,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from searchteam.errors import ShipError
 from searchteam.llm.models import TRAINED_DIR
-
-
-class ShipError(ValueError):
-    """A checkpoint or adapter name that cannot be shipped; the message says which and why."""
 
 
 def ship(checkpoint: Path, name: str, into: Path = TRAINED_DIR) -> Path:

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchteam.config import NO_TRACKER, ConfigError
+from searchteam.config import NO_TRACKER
+from searchteam.errors import ConfigError
 from searchteam.extras import install_hint
 
 TENSORBOARD_DIR = "tensorboard"  # RUN_DIR/tensorboard holds the TensorBoard event files

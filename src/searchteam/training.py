@@ -22,16 +22,17 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 from pydantic import Field, field_validator, model_validator
 
-from searchteam.config import ConfigError, RunConfig, load_config, recipe_name, resolve_config_path
+from searchteam.config import RunConfig, load_config, recipe_name, resolve_config_path
 from searchteam.data.benchmark import load_benchmark, load_questions
+from searchteam.errors import ConfigError
 from searchteam.eval.runner import effective_config
 from searchteam.factory import build_run_retriever, build_sampling, build_team, secondary_llm
 from searchteam.llm import build_llm, resolve_backend
 from searchteam.llm.hf import HFBackend, pick_device
 from searchteam.llm.models import TRAINED, checkpoint_of
 from searchteam.methods import build_reward_scheme, get_method
+from searchteam.metrics import answer_scores
 from searchteam.rewards.base import RewardScheme
-from searchteam.rewards.metrics import answer_scores
 from searchteam.rl import Policy, TrainConfig, Trainer, load_policy
 from searchteam.rl.config import WarmStartConfig
 from searchteam.rl.distributed import make_accelerator

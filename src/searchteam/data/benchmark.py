@@ -7,7 +7,8 @@ import json
 import logging
 from pathlib import Path
 
-from searchteam.rewards.metrics import normalize_answer
+from searchteam.errors import DataError
+from searchteam.metrics import normalize_answer
 from searchteam.types import Question
 
 log = logging.getLogger(__name__)
@@ -16,10 +17,6 @@ BENCHMARK_DIR = Path(__file__).parent / "benchmark"
 CORPUS_PATH = BENCHMARK_DIR / "corpus.jsonl.gz"
 SINGLE_HOP = ("nq", "triviaqa", "popqa", "ambigqa", "webquestions")
 MULTI_HOP = ("hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
-
-
-class DataError(ValueError):
-    """A question file or dataset name that cannot be used; the message says where and what to do."""
 
 
 def hop_group(dataset: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from searchteam.data.benchmark import DataError
+from searchteam.errors import DataError
 from searchteam.types import Question
 
 USED_COLUMNS = {"id", "question", "golden_answers", "data_source", "prompt", "reward_model"}

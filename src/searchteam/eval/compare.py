@@ -18,15 +18,12 @@ from typing import Any
 import numpy as np
 
 from searchteam.data.benchmark import answer_form, hop_group
-from searchteam.paths import JsonlError, read_jsonl_numbered
+from searchteam.errors import CompareError, JsonlError
+from searchteam.paths import read_jsonl_numbered
 
 RESULTS = "results.jsonl"
 EXACT_SIGN_FLIP = 16  # 2^16 sign patterns enumerate in well under a second
 ROUNDS = 10_000
-
-
-class CompareError(ValueError):
-    """Runs that cannot be paired; the message says why."""
 
 
 @dataclass

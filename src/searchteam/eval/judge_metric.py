@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from searchteam.llm.base import LLM
+from searchteam.metrics import cover_exact_match
 from searchteam.paths import cache_dir
 from searchteam.rewards.judge import judge_request, load_judge_prompts, parse_verdict
-from searchteam.rewards.metrics import cover_exact_match
 
 JUDGE_PROMPTS, JUDGE_KIND = "decor_judge", "answer"
 CACHE_FILE = "verdicts.sqlite"

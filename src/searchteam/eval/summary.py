@@ -3,7 +3,7 @@
 Answer metrics per row and averaged: `em`, `cover_em` (gold as whole words in the prediction), `acc`
 (FlashRAG's plain substring containment, Search-R1's `subem`) and `f1`. Retrieval: each row keeps
 `gold_rank`, the best rank at which any search of the episode retrieved a passage containing a gold answer;
-the summary turns it into `recall@k` (see `searchteam.rewards.metrics.gold_rank`). With an LLM judge
+the summary turns it into `recall@k` (see `searchteam.metrics.gold_rank`). With an LLM judge
 (`judge_model`, see `eval.judge_metric`) rows also carry `judge_acc`, averaged like the answer metrics.
 """
 
@@ -14,7 +14,7 @@ from statistics import mean
 from typing import Any
 
 from searchteam.data.benchmark import hop_group
-from searchteam.rewards.metrics import answer_scores, gold_rank, normalize_answer, recall_at_k
+from searchteam.metrics import answer_scores, gold_rank, normalize_answer, recall_at_k
 from searchteam.teams.base import WITHDRAWN
 from searchteam.types import Episode
 

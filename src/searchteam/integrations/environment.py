@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from searchteam.config import ConfigError, load_config
+from searchteam.config import load_config
+from searchteam.errors import ConfigError
 from searchteam.factory import build_run_retriever, build_sampling, build_team
 from searchteam.llm.base import (
     Completion,
@@ -31,9 +32,9 @@ from searchteam.llm.base import (
     text_decoder,
 )
 from searchteam.methods import build_reward_scheme
+from searchteam.metrics import answer_scores
 from searchteam.retrieval.base import Retriever
 from searchteam.rewards.base import RewardScheme
-from searchteam.rewards.metrics import answer_scores
 from searchteam.rl.experience import Sample, samples_from_episodes
 from searchteam.runtime import Sampling
 from searchteam.runtime.runner import make_backends, run_episode

@@ -20,15 +20,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from searchteam.errors import ExportError
 from searchteam.integrations.card import dataset_card
-from searchteam.integrations.turns import (
-    TURN_SCHEMA,
-    ExportError,
-    load_tokenizing,
-    passages_by_id,
-    read_run,
-    turn_rows,
-)
+from searchteam.integrations.turns import TURN_SCHEMA, load_tokenizing, passages_by_id, read_run, turn_rows
 from searchteam.integrations.views import SCHEMAS, build_views
 
 VIEWS = tuple(SCHEMAS)

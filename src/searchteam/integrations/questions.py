@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from searchteam.config import ConfigError
+from searchteam.errors import ConfigError
 from searchteam.types import Question
 
 AGENT_NAME = "searchteam"  # the name of searchteam's verl agent loop and SkyRL environment

@@ -19,11 +19,11 @@ from typing import Any
 import pyarrow as pa
 import yaml
 
-from searchteam.config import ConfigError
-from searchteam.paths import JsonlError, read_jsonl_tolerant
+from searchteam.errors import ExperienceError, ExportError, JsonlError
+from searchteam.metrics import answer_scores
+from searchteam.paths import read_jsonl_tolerant
 from searchteam.retrieval.corpus import corpus_of_run, find_passages
-from searchteam.rewards.metrics import answer_scores
-from searchteam.rl.experience import ExperienceError, chat_render, group_key, turn_token_ids
+from searchteam.rl.experience import chat_render, group_key, turn_token_ids
 from searchteam.rl.warm_start import collected_rounds, read_collected
 from searchteam.types import Episode, Passage, Question, Retrieval, Turn
 
@@ -79,10 +79,6 @@ TURN_SCHEMA = pa.schema(
         ("passage_texts", pa.list_(pa.string())),
     ]
 )
-
-
-class ExportError(ConfigError):
-    """A run folder that cannot be exported; the message says what is missing and what to do."""
 
 
 @dataclass

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import uuid4
 
-from searchteam.config import ConfigError
+from searchteam.errors import ConfigError
 from searchteam.extras import require
 from searchteam.integrations.environment import (
     TeamEnvironment,

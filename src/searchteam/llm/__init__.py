@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from searchteam.llm.base import LLM, Completion, GenerationRequest, LLMError, SamplingParams
+from searchteam.errors import LLMError
+from searchteam.llm.base import LLM, Completion, GenerationRequest, SamplingParams
 from searchteam.llm.models import DEFAULT_MODEL, PRESETS, TRAINED, checkpoint_of
 
 if TYPE_CHECKING:  # searchteam.config imports this package: a runtime import here would be circular
@@ -107,7 +108,6 @@ __all__ = [
     "TRAINED",
     "Completion",
     "GenerationRequest",
-    "LLMError",
     "SamplingParams",
     "build_llm",
     "resolve_backend",

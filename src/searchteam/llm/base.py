@@ -11,15 +11,6 @@ from searchteam.types import Message
 SHARED = ""  # the adapter key (`set_adapters`) of a policy with one adapter for every role
 
 
-class LLMError(RuntimeError):
-    """A backend that cannot serve: missing weights, unreachable server, bad model name."""
-
-
-class RequestRejected(RuntimeError):
-    """The engine refused one request for what it asked (a prompt longer than its context): that episode
-    fails and is counted, the run goes on. Not an LLMError: the backend still serves the others."""
-
-
 @dataclass(frozen=True)
 class SamplingParams:
     """Decoding settings; requests with equal params can share one batched generate call.

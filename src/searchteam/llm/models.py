@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchteam.llm.base import LLMError
+from searchteam.errors import LLMError
 from searchteam.paths import cache_dir, ensure_cache, temp_entry, write_manifest
 
 # The model a command uses when it names none; SEARCHTEAM_MODEL overrides it for a machine or a test run.

@@ -36,12 +36,11 @@ from typing import Any, Literal
 import httpx
 
 from searchteam.auth import auth_header
+from searchteam.errors import LLMError, RequestRejected
 from searchteam.llm.base import (
     SHARED,
     Completion,
     GenerationRequest,
-    LLMError,
-    RequestRejected,
     SamplingParams,
     render_prompt_ids,
     text_decoder,

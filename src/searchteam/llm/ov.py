@@ -19,12 +19,12 @@ from typing import TypeVar
 
 import numpy as np
 
+from searchteam.errors import EngineStalled, LLMError
 from searchteam.extras import has, require
 from searchteam.llm.base import (
     SHARED,
     Completion,
     GenerationRequest,
-    LLMError,
     SamplingParams,
     cut_completion,
     render_chat,
@@ -43,10 +43,6 @@ SAMPLER_THREADS = 1
 # A generate call during which the process uses less than IDLE_CPU_SECONDS of CPU for this long has hung.
 STALL_SECONDS = 600.0
 IDLE_CPU_SECONDS = 1.0
-
-
-class EngineStalled(LLMError):
-    """The engine stopped making progress; its thread cannot be interrupted, so the backend is unusable."""
 
 
 def ov_supports(model: str) -> bool:

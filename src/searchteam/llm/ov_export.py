@@ -27,8 +27,8 @@ from xml.etree import ElementTree
 
 import numpy as np
 
+from searchteam.errors import LLMError
 from searchteam.extras import require
-from searchteam.llm.base import LLMError
 from searchteam.llm.models import PRESETS, _gguf_source, resolve_model
 from searchteam.paths import cache_dir, ensure_cache, temp_entry, write_manifest
 

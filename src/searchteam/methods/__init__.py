@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from searchteam.errors import UnknownMethodError
 from searchteam.llm.base import LLM
 from searchteam.rewards.base import RewardScheme, RewardSpec
 from searchteam.teams.base import Team, TeamSettings
@@ -27,10 +28,6 @@ from searchteam.teams.base import Team, TeamSettings
 logger = logging.getLogger(__name__)
 
 TrainingModels = Callable[[Any], dict[str, str]]  # a training run config → its extra models, by role name
-
-
-class UnknownMethodError(KeyError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -148,7 +145,6 @@ __all__ = [
     "REGISTRY",
     "Method",
     "RewardSpec",
-    "UnknownMethodError",
     "build_reward_scheme",
     "get_method",
     "get_team",

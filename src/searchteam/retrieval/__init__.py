@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from searchteam.data import CORPUS_PATH
-from searchteam.retrieval.base import RetrievalError, Retriever
+from searchteam.errors import RetrievalError
+from searchteam.retrieval.base import Retriever
 from searchteam.retrieval.corpus import load_corpus
 
 RETRIEVER_CHOICES = ("bm25", "dense", "dense:INDEX_FILE", "http://HOST:PORT", "https://HOST:PORT")
@@ -74,4 +75,4 @@ def _prebuilt(index: str, corpus: str | Path | None, embedder: str | None, query
     return PrebuiltDenseRetriever(index, corpus, embedder, query_prefix=query_prefix or None)
 
 
-__all__ = ["RETRIEVER_CHOICES", "RetrievalError", "Retriever", "build_retriever", "load_corpus"]
+__all__ = ["RETRIEVER_CHOICES", "Retriever", "build_retriever", "load_corpus"]

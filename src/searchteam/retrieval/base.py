@@ -7,10 +7,6 @@ from typing import Protocol
 from searchteam.types import Passage
 
 
-class RetrievalError(RuntimeError):
-    """A retriever that cannot serve (missing corpus, unreachable server, bad configuration)."""
-
-
 class Retriever(Protocol):
     name: str
 

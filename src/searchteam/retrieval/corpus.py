@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from searchteam.data import CORPUS_PATH
-from searchteam.retrieval.base import RetrievalError
+from searchteam.errors import RetrievalError
 from searchteam.types import Passage
 
 

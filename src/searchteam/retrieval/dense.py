@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from searchteam.data import CORPUS_PATH
+from searchteam.errors import RetrievalError
 from searchteam.extras import require
 from searchteam.paths import ensure_cache, require_files, write_manifest
-from searchteam.retrieval.base import RetrievalError
 from searchteam.retrieval.cache import COMPLETE_MARKER, build_atomically, index_dir
 from searchteam.retrieval.corpus import PassageTable, corpus_fingerprint, load_corpus, passage_text
 from searchteam.types import Passage

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from searchteam.auth import API_KEY_ENV, api_key_from_env, auth_header
-from searchteam.retrieval.base import RetrievalError
+from searchteam.errors import RetrievalError
 from searchteam.retrieval.corpus import split_contents
 from searchteam.types import Passage
 

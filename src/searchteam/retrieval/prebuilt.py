@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from searchteam.errors import RetrievalError
 from searchteam.extras import require
-from searchteam.retrieval.base import RetrievalError
 from searchteam.retrieval.cache import build_atomically, index_dir, is_complete
 from searchteam.retrieval.corpus import PassageTable, load_corpus, parse_passage_line
 from searchteam.retrieval.dense import DEFAULT_MODEL_NAME, DENSE_EXTRA, Embedder, encode, load_embedder

@@ -19,8 +19,9 @@ from typing import Protocol
 
 import numpy as np
 
+from searchteam.errors import RetrievalError
 from searchteam.extras import require
-from searchteam.retrieval.base import RetrievalError, Retriever
+from searchteam.retrieval.base import Retriever
 from searchteam.retrieval.corpus import passage_text
 from searchteam.retrieval.dense import DEFAULT_MODEL_NAME, DENSE_EXTRA, encode, load_embedder
 from searchteam.retrieval.prebuilt import default_query_prefix

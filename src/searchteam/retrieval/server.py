@@ -28,8 +28,9 @@ from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
 from searchteam.auth import ApiKeyMiddleware, check_bind
+from searchteam.errors import RetrievalError
 from searchteam.http_bounds import BoundedApp, RequestGate, detail_body
-from searchteam.retrieval.base import RetrievalError, Retriever
+from searchteam.retrieval.base import Retriever
 from searchteam.types import Passage
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from searchteam.llm.base import LLM
-from searchteam.rewards.metrics import cover_exact_match, exact_match, f1_score
+from searchteam.metrics import cover_exact_match, exact_match, f1_score
 from searchteam.types import Episode, Passage, Turn
 
 RewardScheme = Callable[[list[Episode]], None]

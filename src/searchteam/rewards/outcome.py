@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from searchteam.metrics import answer_scores
 from searchteam.rewards.base import (
     METRICS,
     Metric,
@@ -16,7 +17,6 @@ from searchteam.rewards.base import (
     record,
     trained_turns,
 )
-from searchteam.rewards.metrics import answer_scores
 from searchteam.types import Episode
 
 

@@ -20,7 +20,7 @@ from accelerate.utils import (
 )
 
 from searchteam import tracking
-from searchteam.config import ConfigError
+from searchteam.errors import ConfigError
 from searchteam.rl.advantages import by_estimator, whiten_samples, whitens
 from searchteam.rl.config import TrainConfig
 from searchteam.rl.experience import Sample

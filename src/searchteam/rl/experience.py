@@ -16,13 +16,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from searchteam.errors import ExperienceError
 from searchteam.types import Episode, Turn
 
 Render = Callable[[Turn], str]
-
-
-class ExperienceError(ValueError):
-    """A turn that cannot become a training sample as recorded; the message says what to record."""
 
 
 @dataclass

@@ -7,9 +7,10 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-from searchteam.llm.base import LLM, AsyncLLM, LLMError
+from searchteam.errors import LLMError, RetrievalError
+from searchteam.llm.base import LLM, AsyncLLM
 from searchteam.progress import progress_bar
-from searchteam.retrieval.base import RetrievalError, Retriever
+from searchteam.retrieval.base import Retriever
 from searchteam.runtime.batcher import Batcher, Dispatcher
 from searchteam.runtime.context import Backends, Context, LLMFrontend, Sampling, SearchRequest, TurnHook
 from searchteam.types import Episode, Passage, Question

@@ -13,8 +13,9 @@ from typing import Any, ClassVar, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from searchteam.config import ConfigError, did_you_mean
-from searchteam.rewards.metrics import normalize_answer, sufficiency
+from searchteam.config import did_you_mean
+from searchteam.errors import ConfigError
+from searchteam.metrics import normalize_answer, sufficiency
 from searchteam.runtime.context import Context, Turn
 from searchteam.teams.parsing import parse_answer
 from searchteam.types import Message, Passage, Question

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from searchteam.retrieval.base import RetrievalError
+from searchteam.errors import RetrievalError
 from searchteam.retrieval.corpus import find_passages
 
 FIRST_WAIT_S = 3.0  # an episode request waits this long for a small corpus to finish loading

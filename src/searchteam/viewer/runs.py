@@ -16,17 +16,14 @@ from typing import Any
 
 import yaml
 
-from searchteam.rewards.metrics import answer_scores
+from searchteam.errors import ViewerError
+from searchteam.metrics import answer_scores
 
 EVAL_FILE = "results.jsonl"
 TRAIN_FILE = "rollouts.jsonl"
 METRICS = ("em", "cover_em", "acc", "f1")
 JUDGE = "judge_acc"  # the LLM judge's verdict, in runs evaluated with `judge_model`
 CORRECTNESS_METRICS = ("em", "cover_em", "acc", JUDGE)
-
-
-class ViewerError(ValueError):
-    """A run directory the viewer cannot read; the message says which file and why."""
 
 
 @dataclass(frozen=True)

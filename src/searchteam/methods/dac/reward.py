@@ -11,8 +11,8 @@ from searchteam.methods.dac.team import (
     PARTIAL_ABSTAINED,
     PARTIAL_REWARD,
 )
+from searchteam.metrics import exact_match, sufficiency
 from searchteam.rewards.base import RewardOptions, RewardSpec, clear, gold_answers, passage_texts, record
-from searchteam.rewards.metrics import exact_match, sufficiency
 from searchteam.types import Episode, Turn
 
 

@@ -55,7 +55,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from searchteam.rewards.metrics import sufficiency
+from searchteam.metrics import sufficiency
 from searchteam.runtime.context import Context
 from searchteam.teams.base import Team, TeamOptions, format_documents
 from searchteam.teams.parsing import capped, parse_answer, tag_pairs

@@ -10,6 +10,7 @@ from pydantic import Field
 
 from searchteam.llm.base import LLM, GenerationRequest
 from searchteam.methods.decor.team import EVIDENCE, GATED_ROLES, QUERY
+from searchteam.metrics import cover_exact_match, f1_score, hit, sufficiency
 from searchteam.rewards.base import (
     RewardOptions,
     RewardSpec,
@@ -26,7 +27,6 @@ from searchteam.rewards.judge import (
     judge_request,
     load_judge_prompts,
 )
-from searchteam.rewards.metrics import cover_exact_match, f1_score, hit, sufficiency
 from searchteam.types import Episode
 
 logger = logging.getLogger(__name__)

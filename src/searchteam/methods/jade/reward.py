@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from searchteam.methods.jade.team import RETRIEVALS, ROUNDS
+from searchteam.metrics import f1_score
 from searchteam.rewards.base import (
     Placement,
     RewardOptions,
@@ -14,7 +15,6 @@ from searchteam.rewards.base import (
     record,
     trained_turns,
 )
-from searchteam.rewards.metrics import f1_score
 from searchteam.types import Episode
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from searchteam.methods.mask.team import ACTION, END_ACTION, PREDICTED_ANSWER, TURN
+from searchteam.metrics import answer_scores, f1_score
 from searchteam.rewards.base import RewardOptions, RewardSpec, clear, gold_answers, record
-from searchteam.rewards.metrics import answer_scores, f1_score
 from searchteam.types import Episode, Turn
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from searchteam.config import ConfigError
+from searchteam.errors import ConfigError
 from searchteam.methods import register_method
 from searchteam.methods.qagent.reward import REWARD
 from searchteam.methods.qagent.team import QAgent

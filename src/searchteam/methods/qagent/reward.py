@@ -7,6 +7,7 @@ import re
 from pydantic import Field
 
 from searchteam.methods.qagent.team import AGENT_ANSWER
+from searchteam.metrics import exact_match, hit
 from searchteam.rewards.base import (
     METRICS,
     Metric,
@@ -19,7 +20,6 @@ from searchteam.rewards.base import (
     place,
     record,
 )
-from searchteam.rewards.metrics import exact_match, hit
 from searchteam.teams.transcript import TRANSCRIPT
 from searchteam.types import Episode
 
