@@ -24,9 +24,9 @@ import numpy as np
 from rank_bm25 import BM25Okapi
 
 from searchteam.data import CORPUS_PATH, load_benchmark
+from searchteam.metrics import sufficiency
 from searchteam.retrieval.bm25 import BM25Retriever, tokenize
 from searchteam.retrieval.corpus import load_corpus, passage_text
-from searchteam.rewards.metrics import sufficiency
 from searchteam.types import Passage, Question
 
 T = TypeVar("T")

@@ -3,7 +3,7 @@
 BM25 fetches the top `--depth` passages per question; the reranker (default: the shipped all-MiniLM-L6-v2
 as a bi-encoder, since no cross-encoder ships offline; any sentence-transformers CrossEncoder with
 `--reranker cross:NAME`) rescores them. recall@k is the share of questions with a passage containing a gold
-answer (whole words, `searchteam.rewards.metrics.gold_rank`) in the top k, before and after; recall@depth
+answer (whole words, `searchteam.metrics.gold_rank`) in the top k, before and after; recall@depth
 bounds what any reranking of those candidates can reach. Also prints the time each stage took.
 
     .venv/bin/python benchmarks/bench_rerank.py [--limit 100] [--datasets nq,hotpotqa] [--depth 20]
@@ -17,10 +17,10 @@ from collections import defaultdict
 
 from searchteam.data import load_benchmark
 from searchteam.data.benchmark import hop_group
+from searchteam.metrics import gold_rank, recall_at_k
 from searchteam.retrieval import build_retriever
 from searchteam.retrieval.corpus import passage_text
 from searchteam.retrieval.rerank import build_scorer, rerank
-from searchteam.rewards.metrics import gold_rank, recall_at_k
 from searchteam.types import Passage, Question
 
 KS = (1, 3, 5)

@@ -21,7 +21,8 @@ PHASES = ("weight_sync", "rollout", "reward", "update")
 
 
 def run_steps(config: str, steps: int, backend: str) -> list[dict]:
-    from searchteam.training import build_trainer, load_train_run_config
+    from searchteam.train.build import build_trainer
+    from searchteam.train.config import load_train_run_config
 
     cfg = load_train_run_config(Path(config), {"steps": steps, "backend": backend})
     with tempfile.TemporaryDirectory() as run_dir:

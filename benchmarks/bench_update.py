@@ -58,7 +58,8 @@ def record(method: str, questions: int) -> Path:
     """Roll out `questions` train questions with the method's 0.5B CPU recipe (its group size, engine and
     team settings; no warm start) and its reward scheme, and write the rewarded episodes."""
     from searchteam.methods import get_method
-    from searchteam.training import build_trainer, load_train_run_config
+    from searchteam.train.build import build_trainer
+    from searchteam.train.config import load_train_run_config
 
     recipe = get_method(method).recipe_path("cpu")
     settings = {"questions_per_step": questions, "warm_start": None, "train.dynamic_sampling": False}

@@ -44,7 +44,7 @@ from searchteam.rl.policy import build_policy
 from searchteam.rl.trainer import Trainer
 from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings
-from searchteam.training import load_train_run_config
+from searchteam.train.config import load_train_run_config
 from searchteam.types import Episode, Passage, Question
 
 # Qwen/Qwen2.5-3B config.json (vocab_size is set to the tokenizer's below).

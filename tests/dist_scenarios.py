@@ -158,7 +158,7 @@ def sync_with_one_server(out: Path, rank: int) -> None:
     """Two adapter syncs of a per-role policy against one (fake) vLLM server at $FAKE_VLLM_URL, as the
     rollouts of several processes do them: the main process loads, the others adopt its broadcast names."""
     from searchteam.llm.openai import OpenAIBackend
-    from searchteam.training import broadcast_from_main, sync_adapters
+    from searchteam.train.rollout import broadcast_from_main, sync_adapters
 
     tok = tokenizer()
     cfg = config("per_role")

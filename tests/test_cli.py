@@ -25,7 +25,7 @@ from searchteam.errors import ConfigError
 from searchteam.factory import Components
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.methods import get_team
-from searchteam.training import TrainRunConfig, load_train_run_config
+from searchteam.train.config import TrainRunConfig, load_train_run_config
 from tests.helpers import PASSAGES, TinyRetriever
 
 QUESTION = "Which novelist was German, David Guterson or Thomas Mann?"
@@ -202,7 +202,7 @@ class FakeTrainer:
 @pytest.fixture
 def fake_training(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     import searchteam.rl.plot as plot
-    import searchteam.training as training
+    import searchteam.train.build as training
 
     seen: dict[str, Any] = {}
 

@@ -32,7 +32,7 @@ from searchteam.methods import METHODS, get_team
 from searchteam.paths import filesystem_fault
 from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings
-from searchteam.training import load_train_run_config
+from searchteam.train.config import load_train_run_config
 from searchteam.types import Question
 from tests.helpers import PASSAGES, TinyRetriever
 

@@ -12,7 +12,7 @@ import pytest
 from searchteam.config import RunConfig, shipped_recipes
 from searchteam.factory import build_team
 from searchteam.rl.memory import QWEN25, estimate_memory
-from searchteam.training import load_train_run_config
+from searchteam.train.config import load_train_run_config
 
 RECIPES = [path for path, _ in shipped_recipes().values()]
 GPU_RECIPES = [p for p in RECIPES if p.stem.endswith("-gpu")]

@@ -172,7 +172,7 @@ def test_shipped_mask_recipe_gives_each_transition_its_own_return():
     the interleaved roles gave the plan turn 2.0 and the first search 2.0)."""
     from pathlib import Path
 
-    from searchteam.training import load_train_run_config
+    from searchteam.train.config import load_train_run_config
 
     rewards = [0.0, 0.5, 0.5, 0.5, 0.5, 0.0]  # plan, search, summary, update, answer, search <end>
     roles = ["plan", "search", "summary", "update", "answer", "search"]

@@ -238,7 +238,7 @@ def test_grad_accum_is_refused_with_what_replaces_it():
 
 
 def test_the_run_temperature_and_seed_are_the_trainers():
-    from searchteam.training import load_train_run_config
+    from searchteam.train.config import load_train_run_config
 
     cfg = load_train_run_config(None, {"method": "naive_rag", "temperature": 0.7, "seed": 5})
     assert (cfg.train.temperature, cfg.train.seed) == (0.7, 5)
@@ -246,7 +246,7 @@ def test_the_run_temperature_and_seed_are_the_trainers():
 
 
 def test_a_second_temperature_or_a_greedy_one_is_refused():
-    from searchteam.training import load_train_run_config
+    from searchteam.train.config import load_train_run_config
 
     with pytest.raises(ConfigError, match=r"train.temperature \(1.0\) differs from temperature \(0.7\)"):
         load_train_run_config(None, {"method": "naive_rag", "temperature": 0.7}, {"train.temperature": 1.0})

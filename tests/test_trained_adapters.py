@@ -66,7 +66,7 @@ def test_a_shipped_adapter_starts_its_recipe_again(name: str) -> None:
     from safetensors.torch import load_file
 
     from searchteam.rl import load_policy
-    from searchteam.training import initial_checkpoint, load_train_run_config
+    from searchteam.train.config import initial_checkpoint, load_train_run_config
 
     trained = TRAINED[name]
     base = PRESETS[trained.base]

@@ -9,13 +9,8 @@ from searchteam.errors import ConfigError
 from searchteam.methods import reward_methods
 from searchteam.methods.qagent import frozen_generator
 from searchteam.rl.config import TrainConfig
-from searchteam.training import (
-    check_reward_placement,
-    load_train_run_config,
-    questions_for_step,
-    resample_questions,
-    sampling_seed,
-)
+from searchteam.train.config import check_reward_placement, load_train_run_config
+from searchteam.train.rollout import questions_for_step, resample_questions, sampling_seed
 
 
 @pytest.mark.parametrize("name", sorted(shipped_recipes()))
@@ -101,10 +96,10 @@ def test_two_training_steps_with_the_real_default_model(tmp_path, monkeypatch):
     import yaml
     from typer.testing import CliRunner
 
-    from searchteam import training
     from searchteam.cli import app
     from searchteam.llm import build_llm
     from searchteam.llm.base import GenerationRequest, SamplingParams
+    from searchteam.train import build as training
 
     config = tmp_path / "tiny.yaml"
     config.write_text(
@@ -216,7 +211,7 @@ def test_shipped_recipes_follow_their_papers():
 
 def test_init_from_names_a_checkpoint_or_a_shipped_adapter_of_the_same_model(tmp_path):
     from searchteam.llm.models import TRAINED
-    from searchteam.training import initial_checkpoint
+    from searchteam.train.config import initial_checkpoint
 
     cfg = load_train_run_config(Path("jade/smollm135m-cpu"), {})
     assert initial_checkpoint(cfg) is None
@@ -236,7 +231,7 @@ def test_init_from_names_a_checkpoint_or_a_shipped_adapter_of_the_same_model(tmp
 def test_the_warm_start_rolls_out_with_its_own_team_options():
     """DAC's qwen recipe samples its warm start without hard positives or probes; RL keeps the paper's."""
     from searchteam.factory import build_team
-    from searchteam.training import warm_start_run_config
+    from searchteam.train.config import warm_start_run_config
 
     cfg = load_train_run_config(Path("dac/qwen0.5b-cpu"), {})
     warm = warm_start_run_config(cfg)

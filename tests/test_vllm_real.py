@@ -216,7 +216,8 @@ def test_two_training_runs_then_a_resume_on_one_server(tmp_path):
 
 def test_per_role_adapters_are_loaded_together_and_each_role_names_its_own(recorded, tmp_path, monkeypatch):
     from searchteam.llm.openai import OpenAIBackend
-    from searchteam.training import build_trainer, load_train_run_config
+    from searchteam.train.build import build_trainer
+    from searchteam.train.config import load_train_run_config
 
     loads: list[tuple[dict[str, str], list[str]]] = []  # (names loaded, what the server listed right after)
     load = OpenAIBackend.load_adapters

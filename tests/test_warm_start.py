@@ -341,7 +341,7 @@ def test_a_round_killed_before_it_was_saved_leaves_no_kept_episodes_behind(token
 def test_zero_rl_steps_run_the_warm_start_only(tmp_path):
     """`steps: 0` is a warm-start-only run; without a warm_start section it would train nothing."""
     from searchteam.errors import ConfigError
-    from searchteam.training import load_train_run_config
+    from searchteam.train.config import load_train_run_config
 
     with pytest.raises(ConfigError, match="warm_start"):
         load_train_run_config(None, {"method": "jade", "steps": 0})

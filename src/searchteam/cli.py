@@ -432,7 +432,8 @@ def train(
     import sys
 
     from searchteam.rl.plot import curves_after_training
-    from searchteam.training import build_trainer, check_shardable, launch_processes, load_train_run_config
+    from searchteam.train.build import build_trainer, launch_processes
+    from searchteam.train.config import check_shardable, load_train_run_config
 
     with user_errors():
         _quiet_libraries()

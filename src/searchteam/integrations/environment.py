@@ -39,7 +39,7 @@ from searchteam.rl.experience import Sample, samples_from_episodes
 from searchteam.runtime import Sampling
 from searchteam.runtime.runner import make_backends, run_episode
 from searchteam.teams import Team
-from searchteam.training import TrainRunConfig
+from searchteam.train.config import TrainRunConfig
 from searchteam.types import Episode, Question
 
 logger = logging.getLogger(__name__)

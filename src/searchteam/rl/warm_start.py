@@ -1,6 +1,6 @@
 """The warm-start stage's data side: which sampled episodes to keep, their turns as likelihood samples, and
 the files that let a killed warm start resume (`RUN/warm_start/`). The stage's loop is
-`Trainer.run_warm_start`; `searchteam.training` supplies the rollouts and the answer score."""
+`Trainer.run_warm_start`; `searchteam.train.build` supplies the rollouts and the answer score."""
 
 from __future__ import annotations
 

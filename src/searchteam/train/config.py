@@ -1,0 +1,194 @@
+"""What a training run is: `TrainRunConfig` (a run config plus group sampling, reward options and the
+RL knobs), loaded from a file or the method's recipe and checked before any model loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from searchteam.config import RunConfig, load_config, recipe_name, resolve_config_path
+from searchteam.data.benchmark import load_benchmark, load_questions
+from searchteam.errors import ConfigError
+from searchteam.llm.hf import pick_device
+from searchteam.llm.models import TRAINED, checkpoint_of
+from searchteam.methods import get_method
+from searchteam.rl import TrainConfig
+from searchteam.rl.config import WarmStartConfig
+from searchteam.types import Question
+
+DEFAULT_TRAIN_DATASETS = ["nq", "hotpotqa"]  # the papers train on NQ + HotpotQA
+WARM_START_SEED = 7919  # offsets the warm start's question order and sampling seeds from RL's
+
+
+class TrainRunConfig(RunConfig):
+    """A run config plus what training adds: group sampling, the reward scheme's options, the RL knobs."""
+
+    split: str = "train"
+    temperature: float = Field(
+        1.0, ge=0.0, le=5.0, description="the rollouts' sampling temperature; the trainer scores the same"
+    )
+    group_size: int = Field(4, ge=1, description="rollouts per question (G of GRPO)")
+    questions_per_step: int = Field(4, ge=1)
+    reward: dict[str, Any] = Field(default_factory=dict, description="options of the method's reward scheme")
+    judge_model: str | None = Field(None, description="LLM judge for reward schemes that use one (DECOR)")
+    recipe: str | None = Field(
+        None, description="the config the run started from: a shipped recipe's name, else its path"
+    )
+    warm_start: WarmStartConfig | None = Field(
+        None, description="rejection-sampling fine-tuning before RL (expert iteration); off when unset"
+    )
+    init_from: str | None = Field(
+        None,
+        description="start the policy from trained weights: a checkpoint folder (RUN/checkpoints/step-N, "
+        "RUN/warm_start/round-NN) or a shipped adapter's name (`searchteam models`); the critic starts fresh",
+    )
+    train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @field_validator("temperature")
+    @classmethod
+    def _sampled(cls, temperature: float) -> float:
+        if temperature == 0:
+            raise ValueError(
+                "temperature 0 (greedy) cannot train: every rollout of a question is the same, so every "
+                "advantage is 0; sample at a temperature > 0 (the papers use 1.0)"
+            )
+        return temperature
+
+    @model_validator(mode="after")
+    def _one_temperature_and_seed(self) -> TrainRunConfig:
+        """The rollouts' temperature and seed are the trainer's: set once, at the top level."""
+        for name in ("temperature", "seed"):
+            mine, trainers = getattr(self, name), getattr(self.train, name)
+            if name in self.train.model_fields_set and trainers != mine:
+                raise ValueError(
+                    f"train.{name} ({trainers}) differs from {name} ({mine}): set {name} once, at the top "
+                    "level; the rollouts use it and so does the trainer"
+                )
+        self.train = self.train.model_copy(update={"temperature": self.temperature, "seed": self.seed})
+        return self
+
+    @field_validator("top_p")
+    @classmethod
+    def _untruncated(cls, top_p: float) -> float:
+        """The trainer scores the whole temperature softmax; nucleus sampling would bias its gradient."""
+        if top_p < 1.0:
+            raise ValueError(
+                f"training samples with top_p {top_p}, but the trainer scores the untruncated temperature "
+                "softmax (a biased gradient): set top_p: 1"
+            )
+        return top_p
+
+
+def default_recipe(method: str, device: str | None = None) -> Path | None:
+    """The recipe `method` registers for the device at hand (its `gpu` recipe on CUDA when it has one, else
+    its `cpu` recipe), or None when the method registers none."""
+    kinds = ("gpu", "cpu") if pick_device(device).startswith("cuda") else ("cpu",)
+    found = [get_method(method).recipe_path(kind) for kind in kinds]
+    return next((p for p in found if p is not None), None)
+
+
+def load_train_run_config(
+    path: Path | None, overrides: dict[str, Any], settings: dict[str, Any] | None = None
+) -> TrainRunConfig:
+    """A training config from `path`, else the method's paper recipe (`default_recipe`), else the generic
+    defaults; then the `--set` settings, then the CLI overrides. `recipe` names what the run started from."""
+    train_overrides = {k: overrides.pop(k) for k in ("steps",) if overrides.get(k) is not None}
+    given = {**(settings or {}), **{k: v for k, v in overrides.items() if v is not None}}
+    if path is None and given.get("method"):
+        path = default_recipe(given["method"], given.get("device"))
+    cfg = load_config(path, overrides, TrainRunConfig, settings)
+    assert isinstance(cfg, TrainRunConfig)
+    if path is not None:
+        cfg.recipe = recipe_name(resolve_config_path(path)) or str(path)
+    if train_overrides:
+        cfg.train = TrainConfig.model_validate({**cfg.train.model_dump(), **train_overrides})
+    if cfg.train.steps == 0 and cfg.warm_start is None:
+        raise ConfigError("steps: 0 trains nothing without a warm_start section")
+    return cfg
+
+
+def check_reward_placement(placement: str | None, train: TrainConfig) -> None:
+    """Refuse reward placements that the estimator would miscount. GAE with γ > 0 and merged continuation
+    chains sum the rewards of later turns, so an outcome repeated on every turn (`every_turn`) would be
+    counted once per remaining turn (JADE: a 4-turn episode with R = 0.967 got returns 3.87 … 0.97). Group
+    estimators score a trajectory by the mean reward of its turns, so `last_turn` would divide the outcome
+    by the number of turns."""
+    if placement == "every_turn" and train.sums_returns:
+        why = "merge_continuations" if train.merge_continuations else "GAE with gamma > 0"
+        raise ConfigError(
+            f"reward placement 'every_turn' with {why} counts the outcome once per remaining turn: "
+            "set reward.placement: last_turn"
+        )
+    group_only = not train.uses_critic and not train.merge_continuations
+    if placement == "last_turn" and group_only:
+        raise ConfigError(
+            f"reward placement 'last_turn' with estimator '{train.estimator}' scores a trajectory by the "
+            "mean of its turn rewards, i.e. the outcome divided by its turns: "
+            "set reward.placement: every_turn"
+        )
+
+
+def training_models(cfg: TrainRunConfig) -> dict[str, str]:
+    """The run's extra models, plus any its method adds for training (`register_method(training_models=)`:
+    QAgent stage 2's frozen generator); the method's hook refuses a config it cannot train."""
+    hook = get_method(cfg.method).training_models
+    return hook(cfg) if hook is not None else dict(cfg.extra_models)
+
+
+def training_questions(cfg: TrainRunConfig) -> list[Question]:
+    if cfg.questions is not None:
+        return load_questions(cfg.questions, skip_bad_lines=cfg.skip_bad_lines)[: cfg.limit]
+    return load_benchmark(cfg.datasets or DEFAULT_TRAIN_DATASETS, cfg.split, cfg.limit)
+
+
+def initial_checkpoint(cfg: TrainRunConfig) -> Path | None:
+    """The folder `init_from` names, checked before any model loads: it must hold a `policy/`, and a
+    shipped adapter must have been trained on the run's model."""
+    if cfg.init_from is None:
+        return None
+    trained = TRAINED.get(cfg.init_from)
+    if trained is not None and trained.base != cfg.model:
+        raise ConfigError(f"init_from: {trained.name} was trained on {trained.base}, not on {cfg.model}")
+    folder = Path(checkpoint_of(cfg.init_from))
+    if not (folder / "policy").is_dir():
+        raise ConfigError(
+            f"init_from: {cfg.init_from} is neither a shipped adapter nor a checkpoint folder with a policy/ "
+            "(RUN/checkpoints/step-N or RUN/warm_start/round-NN)"
+        )
+    return folder
+
+
+def warm_start_run_config(cfg: TrainRunConfig) -> TrainRunConfig:
+    """The run config of the warm start's rollouts: its own seeds, sample count, questions per round,
+    temperature and team options (over the run's)."""
+    ws = cfg.warm_start
+    assert ws is not None
+    return cfg.model_copy(
+        update={
+            "seed": cfg.seed + WARM_START_SEED,
+            "group_size": ws.samples_per_question,
+            "questions_per_step": ws.questions_per_round,
+            "temperature": ws.temperature,
+            "options": {**cfg.options, **ws.options},
+        }
+    )
+
+
+def check_shardable(cfg: TrainRunConfig, world: int) -> None:
+    """Refuse, before any model loads, question counts that `world` processes cannot share equally."""
+    counts = {"questions_per_step": cfg.questions_per_step}
+    if cfg.warm_start is not None:
+        counts["warm_start.questions_per_round"] = cfg.warm_start.questions_per_round
+    for name, count in counts.items():
+        check_equal_shares(name, count, world)
+
+
+def check_equal_shares(name: str, count: int, world: int) -> None:
+    """Refuse a question count (`name`) that `world` processes cannot share equally."""
+    if count % world:
+        raise ConfigError(
+            f"{name} ({count}) must be a multiple of the number of processes ({world}): each process "
+            "rolls out an equal share of the questions"
+        )
