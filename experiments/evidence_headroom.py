@@ -28,8 +28,8 @@ from searchteam.data.benchmark import MULTI_HOP
 from searchteam.eval.runner import evaluate, read_results
 from searchteam.factory import build_components
 from searchteam.methods.naive_rag.team import NaiveRAG
+from searchteam.metrics import hit
 from searchteam.retrieval.corpus import load_corpus
-from searchteam.rewards.metrics import hit
 from searchteam.runtime.context import Context
 from searchteam.teams.answering import answer_call
 from searchteam.teams.base import TeamSettings, format_documents

@@ -17,8 +17,8 @@ import yaml
 
 from searchteam.config import RunConfig
 from searchteam.factory import build_team
+from searchteam.metrics import normalize_answer, sufficiency
 from searchteam.retrieval.corpus import corpus_of_run, find_passages
-from searchteam.rewards.metrics import normalize_answer, sufficiency
 
 
 def field(row: dict, key: str):

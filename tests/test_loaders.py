@@ -86,6 +86,18 @@ def test_search_r1_parquet_with_only_the_verl_columns(tmp_path: Path) -> None:
     assert [q.id for q in picked] == ["hotpotqa-7"]
 
 
+def test_training_picks_questions_as_eval_does_with_the_papers_sets_by_default(tmp_path: Path) -> None:
+    from searchteam.train.config import DEFAULT_TRAIN_DATASETS, TrainRunConfig, training_questions
+
+    rows = [search_r1_row("hotpotqa", 7, "Where?", ["x"]), search_r1_row("nq", 8, "When?", ["y"])]
+    path = write_parquet(tmp_path / "train.parquet", rows)
+    assert [q.id for q in training_questions(TrainRunConfig(questions=path))] == ["hotpotqa-7", "nq-8"]
+    only_nq = TrainRunConfig(questions=path, datasets=["nq"])
+    assert [q.id for q in training_questions(only_nq)] == [q.id for q in select_questions(only_nq)] == ["nq-8"]
+    embedded = training_questions(TrainRunConfig(limit=40))
+    assert {q.dataset for q in embedded} == set(DEFAULT_TRAIN_DATASETS)
+
+
 @pytest.mark.parametrize(
     ("rows", "message"),
     [

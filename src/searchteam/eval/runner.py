@@ -27,6 +27,8 @@ from searchteam.types import Episode, Question
 
 
 def select_questions(config: RunConfig) -> list[Question]:
+    """The questions a run names: those of its questions file (only of its datasets, when it names some),
+    else the embedded benchmark's split of its datasets (all when none); the first `limit`."""
     if config.questions is not None:
         questions = load_questions(config.questions, skip_bad_lines=config.skip_bad_lines)
         if config.datasets:

@@ -9,8 +9,8 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from searchteam.config import RunConfig, load_config, recipe_name, resolve_config_path
-from searchteam.data.benchmark import load_benchmark, load_questions
 from searchteam.errors import ConfigError
+from searchteam.eval.runner import select_questions
 from searchteam.llm.hf import pick_device
 from searchteam.llm.models import TRAINED, checkpoint_of
 from searchteam.methods import get_method
@@ -138,9 +138,11 @@ def training_models(cfg: TrainRunConfig) -> dict[str, str]:
 
 
 def training_questions(cfg: TrainRunConfig) -> list[Question]:
-    if cfg.questions is not None:
-        return load_questions(cfg.questions, skip_bad_lines=cfg.skip_bad_lines)[: cfg.limit]
-    return load_benchmark(cfg.datasets or DEFAULT_TRAIN_DATASETS, cfg.split, cfg.limit)
+    """The questions a run trains on, chosen as `searchteam eval` chooses (`select_questions`); without a
+    questions file or datasets, the papers' training sets."""
+    if cfg.questions is None and not cfg.datasets:
+        cfg = cfg.model_copy(update={"datasets": DEFAULT_TRAIN_DATASETS})
+    return select_questions(cfg)
 
 
 def initial_checkpoint(cfg: TrainRunConfig) -> Path | None:
