@@ -93,7 +93,8 @@ def test_training_picks_questions_as_eval_does_with_the_papers_sets_by_default(t
     path = write_parquet(tmp_path / "train.parquet", rows)
     assert [q.id for q in training_questions(TrainRunConfig(questions=path))] == ["hotpotqa-7", "nq-8"]
     only_nq = TrainRunConfig(questions=path, datasets=["nq"])
-    assert [q.id for q in training_questions(only_nq)] == [q.id for q in select_questions(only_nq)] == ["nq-8"]
+    ids = [q.id for q in training_questions(only_nq)]
+    assert ids == [q.id for q in select_questions(only_nq)] == ["nq-8"]
     embedded = training_questions(TrainRunConfig(limit=40))
     assert {q.dataset for q in embedded} == set(DEFAULT_TRAIN_DATASETS)
 
