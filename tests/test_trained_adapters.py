@@ -75,11 +75,13 @@ def test_a_shipped_adapter_starts_its_recipe_again(name: str) -> None:
     cfg = load_train_run_config(Path(trained.recipe), {"init_from": name})
     policy = load_policy(cfg.model, cfg.train, device="cpu", dtype="bfloat16")
     policy.load_initial(initial_checkpoint(cfg))
-    (shipped,) = (trained.path / "policy" / "adapters").glob("*/adapter_model.safetensors")
-    state, params = load_file(shipped), dict(policy.model.named_parameters())
-    some = sorted(state)[0]
-    loaded = params[some.replace(".weight", f".{shipped.parent.name}.weight")]
-    assert torch.equal(loaded.detach().to(state[some].dtype), state[some])
+    params = dict(policy.model.named_parameters())
+    shipped = sorted((trained.path / "policy" / "adapters").glob("*/adapter_model.safetensors"))
+    for adapter in shipped:  # one adapter, or one per role
+        state = load_file(adapter)
+        some = sorted(state)[0]
+        loaded = params[some.replace(".weight", f".{adapter.parent.name}.weight")]
+        assert torch.equal(loaded.detach().to(state[some].dtype), state[some])
 
 
 def test_an_adapter_brings_its_run_settings_to_its_own_method(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -81,6 +81,14 @@ class TrainedAdapter:
 
 
 TRAINED: dict[str, TrainedAdapter] = {
+    "qwen2.5-coder-0.5b-dac": TrainedAdapter(
+        name="qwen2.5-coder-0.5b-dac",
+        method="dac",
+        base="qwen2.5-coder-0.5b",
+        recipe="dac/qwen0.5b-cpu-ei-r2",
+        description="DAC's searcher and generator, one LoRA adapter each: 2 rounds of expert iteration "
+        "(dac/qwen0.5b-cpu-ei, then dac/qwen0.5b-cpu-ei-r2)",
+    ),
     "qwen2.5-coder-0.5b-jade": TrainedAdapter(
         name="qwen2.5-coder-0.5b-jade",
         method="jade",
