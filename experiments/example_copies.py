@@ -7,7 +7,6 @@ a copy that neither the question nor any passage the episode retrieved contains 
 
 from __future__ import annotations
 
-import ast
 import json
 import sys
 from pathlib import Path
@@ -17,36 +16,28 @@ import yaml
 
 from searchteam.config import RunConfig
 from searchteam.factory import build_team
-from searchteam.metrics import normalize_answer, sufficiency
+from searchteam.metrics import normalize_answer
+from searchteam.paths import read_jsonl_tolerant
 from searchteam.retrieval.corpus import corpus_of_run, find_passages
-
-
-def field(row: dict, key: str):
-    """A results.jsonl field; rows written as strings by older runs are parsed back."""
-    value = row.get(key)
-    if isinstance(value, str) and key in ("searches", "golden_answers"):
-        return ast.literal_eval(value)
-    if isinstance(value, str) and key == "f1":
-        return float(value)
-    return None if value == "None" else value
+from searchteam.teams.base import unsupported_copy
 
 
 def report(run: Path) -> dict:
     config = yaml.safe_load((run / "config.yaml").read_text())
     copies = build_team(RunConfig(method=config["method"])).example_answers()
-    rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines() if line.strip()]
-    ids = {i for r in rows for s in field(r, "searches") or [] for i in s["ids"]}
+    rows = read_jsonl_tolerant(run / "results.jsonl")
+    ids = {i for r in rows for s in r.get("searches") or [] for i in s["ids"]}
     corpus, _ = corpus_of_run(config)
     passages = find_passages(corpus, ids) if corpus else {}
     copied, withdrawn, f1_after = [], 0, []
     for row in rows:
-        prediction = normalize_answer(row["prediction"] or "")
-        f1 = field(row, "f1")
-        if prediction in copies:
-            found = [i for s in field(row, "searches") or [] for i in s["ids"] if i in passages]
-            texts = [row["question"], *(passages[i].contents for i in found)]
+        f1 = row["f1"]
+        if normalize_answer(row["prediction"] or "") in copies:
+            found = [i for s in row.get("searches") or [] for i in s["ids"] if i in passages]
             copied.append(row["prediction"])
-            if not sufficiency(texts, [row["prediction"]]):
+            if unsupported_copy(
+                row["prediction"], [row["question"], *(passages[i].contents for i in found)], copies
+            ):
                 withdrawn += 1
                 f1 = 0.0
         f1_after.append(f1)
@@ -57,8 +48,8 @@ def report(run: Path) -> dict:
         "copies": len(copied),
         "copied": sorted(set(copied)),
         "would_withdraw": withdrawn,
-        "already_withdrawn": sum(1 for r in rows if field(r, "withdrawn_example_answer")),
-        "f1": round(mean(field(r, "f1") for r in rows), 4),
+        "already_withdrawn": sum(1 for r in rows if r.get("withdrawn_example_answer")),
+        "f1": round(mean(r["f1"] for r in rows), 4),
         "f1_after": round(mean(f1_after), 4),
     }
 

@@ -84,11 +84,11 @@ class Team(ABC):
         Dune?"); the withdrawn answer stays in `episode.meta`, and the turn that wrote it is flagged as a
         format error."""
         answer = await self.run(q, ctx)
-        copied = normalize_answer(answer)
         texts = [q.question, *(p.contents for r in ctx.episode.retrievals for p in r.passages)]
-        if copied not in self.example_answers() or sufficiency(texts, [copied]):
+        if not unsupported_copy(answer, texts, self.example_answers()):
             return answer
         ctx.episode.meta[WITHDRAWN] = answer
+        copied = normalize_answer(answer)
         turns = reversed(ctx.episode.turns)
         writer = next((t for t in turns if copied in normalize_answer(t.completion)), None)
         if writer is not None:
@@ -176,6 +176,13 @@ EXAMPLE_ENTITIES = "example_entities"  # prompts.yaml: the names the examples us
 WITHDRAWN = "withdrawn_example_answer"  # episode.meta: the copied example answer `Team.solve` withdrew
 # An answer tag with its content (`<answer>George Orwell</answer>`, `<predicted_answer>x</predicted_answer>`).
 ANSWER_TAG = re.compile(r"<(\w*answer)>([^<]*)</\1>")
+
+
+def unsupported_copy(answer: str, texts: Iterable[str], examples: frozenset[str]) -> bool:
+    """Whether `answer` repeats one of the normalized `examples` (`Team.example_answers`) that none of
+    `texts` (the question and the retrieved passages) holds: the copy `Team.solve` withdraws."""
+    copied = normalize_answer(answer)
+    return copied in examples and not sufficiency(texts, [copied])
 
 
 def prompt_answers(prompts: Any) -> frozenset[str]:

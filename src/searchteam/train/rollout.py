@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import shutil
 import tempfile
@@ -26,8 +25,6 @@ from searchteam.runtime import make_backends, run_episodes
 from searchteam.teams import Team
 from searchteam.train.config import TrainRunConfig, check_equal_shares, training_models
 from searchteam.types import Episode, Question
-
-log = logging.getLogger(__name__)
 
 
 def questions_for_step(
