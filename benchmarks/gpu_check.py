@@ -33,10 +33,9 @@ from pathlib import Path
 import torch
 from bench_update import VARIANTS, compare, with_rewards
 
-from searchteam.config import shipped_recipes
 from searchteam.llm.hf import HFBackend
 from searchteam.llm.models import resolve_model
-from searchteam.methods import build_reward_scheme, get_team
+from searchteam.methods import build_reward_scheme, get_team, shipped_recipes
 from searchteam.rl.config import TrainConfig
 from searchteam.rl.experience import samples_from_episodes
 from searchteam.rl.memory import estimate_memory, shape_from_config

@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE=1
 rm -rf "$out" && mkdir -p "$out"
 python -c '
 import sys, yaml
-from searchteam.config import shipped_recipes
+from searchteam.methods import shipped_recipes
 recipe = yaml.safe_load(shipped_recipes()["naive_rag/smollm135m-cpu"][0].read_text())
 recipe["train"]["dynamic_sampling"] = False
 open(sys.argv[1], "w").write(yaml.safe_dump(recipe))

@@ -22,11 +22,10 @@ from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
-from searchteam.config import load_config
 from searchteam.data import CORPUS_PATH, load_benchmark
 from searchteam.data.benchmark import MULTI_HOP
 from searchteam.eval.runner import evaluate, read_results
-from searchteam.factory import build_components
+from searchteam.factory import build_components, load_run_config
 from searchteam.methods.naive_rag.team import NaiveRAG
 from searchteam.metrics import hit
 from searchteam.retrieval.corpus import load_corpus
@@ -114,7 +113,7 @@ def main() -> None:
     run |= {"questions": args.questions} if args.questions else {"limit": args.limit}
     components = None
     for name in args.selections.split(","):
-        config = load_config(None, {**run, "out": args.out / name, "resume": True})
+        config = load_run_config(None, {**run, "out": args.out / name, "resume": True})
         team = SelectedRAG(SELECTIONS[name], TeamSettings(top_k=config.top_k))
         components = components or build_components(config, team)
         components.team = team

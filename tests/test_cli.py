@@ -20,11 +20,11 @@ from typer.testing import CliRunner
 
 import searchteam.factory as factory
 from searchteam.cli import QUESTION_FLAGS, RUN_FLAGS, app
-from searchteam.config import RunConfig, load_config, parse_settings, shipped_recipes
+from searchteam.config import RunConfig, load_config, parse_settings
 from searchteam.errors import ConfigError
 from searchteam.factory import Components
 from searchteam.llm.scripted import ScriptedLLM
-from searchteam.methods import get_team
+from searchteam.methods import get_team, shipped_recipes
 from searchteam.train.config import TrainRunConfig, load_train_run_config
 from tests.helpers import PASSAGES, TinyRetriever
 

@@ -8,9 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from searchteam.config import resolve_config_path, shipped_recipes
 from searchteam.errors import ConfigError
-from searchteam.methods import METHODS, REGISTRY, build_reward_scheme, get_method, get_team, register_method
+from searchteam.methods import (
+    METHODS,
+    REGISTRY,
+    build_reward_scheme,
+    get_method,
+    get_team,
+    register_method,
+    resolve_config_path,
+    shipped_recipes,
+)
 from searchteam.methods.naive_rag.team import NaiveRAG
 from searchteam.rl.experience import group_key, samples_from_episodes
 from searchteam.teams import Team, TeamSettings

@@ -9,8 +9,9 @@ from typing import get_args
 
 import pytest
 
-from searchteam.config import RunConfig, shipped_recipes
+from searchteam.config import RunConfig
 from searchteam.factory import build_team
+from searchteam.methods import shipped_recipes
 from searchteam.rl.memory import QWEN25, estimate_memory
 from searchteam.train.config import load_train_run_config
 

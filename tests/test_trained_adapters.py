@@ -8,12 +8,11 @@ import json
 
 import pytest
 
-from searchteam.config import shipped_recipes
 from searchteam.llm import build_llm
 from searchteam.llm.base import GenerationRequest, SamplingParams
 from searchteam.llm.models import PRESETS, TRAINED, checkpoint_of
 from searchteam.llm.ov import ov_base_and_adapters
-from searchteam.methods import METHODS
+from searchteam.methods import METHODS, shipped_recipes
 
 MAX_ADAPTER_BYTES = 12_000_000  # "a few MB": the package carries them
 
@@ -87,7 +86,7 @@ def test_a_shipped_adapter_starts_its_recipe_again(name: str) -> None:
 def test_an_adapter_brings_its_run_settings_to_its_own_method(monkeypatch: pytest.MonkeyPatch) -> None:
     """Unset fields take the adapter's run settings, dicts merge with the run's keys winning, and another
     method or a plain preset gets none of them."""
-    from searchteam.config import load_config
+    from searchteam.factory import load_run_config
     from searchteam.llm.models import TrainedAdapter
 
     options = {"mode": "submodule", "max_retries": 2}
@@ -95,26 +94,25 @@ def test_an_adapter_brings_its_run_settings_to_its_own_method(monkeypatch: pytes
     adapter = TrainedAdapter("q-test", "qagent", "qwen2.5-coder-0.5b", "qagent/qwen0.5b-cpu", "", settings)
     monkeypatch.setitem(TRAINED, "q-test", adapter)
 
-    plain = load_config(None, {"method": "qagent", "model": "q-test"})
+    plain = load_run_config(None, {"method": "qagent", "model": "q-test"})
     assert plain.options == {"mode": "submodule", "max_retries": 2}
     assert plain.extra_models == {"generator": "g"} and plain.top_k == 1
 
     run = {"method": "qagent", "model": "q-test", "options": {"max_retries": 0}, "top_k": 3}
-    given = load_config(None, run)
+    given = load_run_config(None, run)
     assert given.options == {"mode": "submodule", "max_retries": 0} and given.top_k == 3
 
-    assert load_config(None, {"method": "naive_rag", "model": "q-test"}).options == {}
-    assert load_config(None, {"method": "qagent", "model": "qwen2.5-coder-0.5b"}).extra_models == {}
+    assert load_run_config(None, {"method": "naive_rag", "model": "q-test"}).options == {}
+    assert load_run_config(None, {"method": "qagent", "model": "qwen2.5-coder-0.5b"}).extra_models == {}
 
 
 @pytest.mark.parametrize("name", sorted(TRAINED))
 def test_a_shipped_adapter_runs_its_method_with_its_settings(name: str) -> None:
     """Its run settings are valid for its method, and the extra models they name are presets (nothing to
     download)."""
-    from searchteam.config import load_config
-    from searchteam.factory import build_team
+    from searchteam.factory import build_team, load_run_config
 
     trained = TRAINED[name]
-    cfg = load_config(None, {"method": trained.method, "model": name})
+    cfg = load_run_config(None, {"method": trained.method, "model": name})
     build_team(cfg)  # an option or extra model the method does not have is a ConfigError
     assert all(model in PRESETS for model in cfg.extra_models.values())

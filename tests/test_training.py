@@ -4,9 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from searchteam.config import shipped_recipes
 from searchteam.errors import ConfigError
-from searchteam.methods import reward_methods
+from searchteam.methods import reward_methods, shipped_recipes
 from searchteam.methods.qagent import frozen_generator
 from searchteam.rl.config import TrainConfig
 from searchteam.train.config import check_reward_placement, load_train_run_config

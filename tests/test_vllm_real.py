@@ -171,7 +171,7 @@ def test_greedy_answers_are_the_hf_argmax_within_bf16_rounding(hf):
 
 def tiny_training_config(tmp_path: Path, recipe: str, **settings: Any) -> Path:
     """A shipped CPU recipe (by name) cut down to a few short rollouts per step, rolling out on the server."""
-    from searchteam.config import shipped_recipes
+    from searchteam.methods import shipped_recipes
 
     config = yaml.safe_load(shipped_recipes()[recipe][0].read_text())
     config.update(

@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from searchteam.auth import API_KEY_ENV
-from searchteam.config import RunConfig, load_config, parse_settings
+from searchteam.config import RunConfig, parse_settings
 from searchteam.errors import ConfigError, SearchTeamError
 from searchteam.methods import METHODS
 
@@ -197,7 +197,9 @@ class RunFlags:
         return {renamed.get(k, k): v for k, v in values.items()}
 
     def load(self) -> RunConfig:
-        return load_config(self.config, self.overrides(), settings=self.settings())
+        from searchteam.factory import load_run_config
+
+        return load_run_config(self.config, self.overrides(), settings=self.settings())
 
 
 def shared_flags(*groups: dict[str, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -379,11 +381,12 @@ def eval_cmd(
 ) -> None:
     """Evaluate a method on benchmark questions; results are written as they finish."""
     from searchteam.eval.runner import evaluate
+    from searchteam.factory import load_run_config
 
     with user_errors():
         _quiet_libraries()
         overrides = {**flags.overrides(), "judge_model": judge_model}
-        cfg = load_config(flags.config, overrides, settings=flags.settings())
+        cfg = load_run_config(flags.config, overrides, settings=flags.settings())
         summary = evaluate(cfg)
     _print_summary(summary)
 
@@ -731,7 +734,7 @@ def methods(as_json: bool = JSON_LISTING) -> None:
 @app.command()
 def recipes(as_json: bool = JSON_LISTING) -> None:
     """List the shipped training recipes (names for `searchteam train --config`) and what each is for."""
-    from searchteam.config import shipped_recipes
+    from searchteam.methods import shipped_recipes
 
     rows = [(name, purpose) for name, (_, purpose) in shipped_recipes().items()]
     print_listing(("recipe", "purpose"), rows, as_json)

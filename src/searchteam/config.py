@@ -3,63 +3,20 @@ then explicit CLI flags."""
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from searchteam.errors import ConfigError
-from searchteam.llm.models import DEFAULT_MODEL, TRAINED
+from searchteam.errors import ConfigError, did_you_mean
+from searchteam.llm.models import DEFAULT_MODEL
+from searchteam.llm.settings import EngineSettings, ServerSettings
 
-METHODS_DIR = Path(__file__).parent / "methods"  # each method ships its recipes in <method>/recipes/
 # accelerate's trackers a run may report to; "all" is refused (it would start every installed tracker)
 TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
 NO_TRACKER = "none"
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts (MaxLoRARanks)
-
-
-class EngineSettings(BaseModel):
-    """The in-process vLLM engine (`backend: vllm`), as `vllm.LLM` takes them. One engine per model per
-    process; a run's other models (judge, extra models, teacher) go to `hf` unless they are that model."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    gpu_memory_utilization: float = Field(
-        0.85, gt=0.0, le=1.0, description="share of the GPU's memory the engine reserves (weights + KV cache)"
-    )
-    max_model_len: int | None = Field(None, ge=16, description="context length; unset: the model's")
-    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs the engine shards the model over")
-    max_num_seqs: int | None = Field(None, ge=1, description="sequences per engine step; unset: vLLM's")
-    enforce_eager: bool = Field(False, description="no CUDA graphs: less memory, slower decoding")
-    max_lora_rank: int | None = Field(
-        None, description="LoRA rank the engine reserves (1, 8, 16, ... 512); unset: the largest adapter's r"
-    )
-
-    @field_validator("max_lora_rank")
-    @classmethod
-    def _vllm_rank(cls, value: int | None) -> int | None:
-        if value is not None and value not in LORA_RANKS:
-            raise ValueError(f"vLLM takes a max_lora_rank of {', '.join(map(str, LORA_RANKS))}")
-        return value
-
-
-class ServerSettings(BaseModel):
-    """The client of an OpenAI-compatible server (`backend: openai`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    timeout: float = Field(120.0, gt=0.0, description="seconds per HTTP request")
-    concurrency: int = Field(
-        64,
-        ge=1,
-        le=100000,
-        description="requests in flight at once per process, each sent the moment an episode makes it: what "
-        "the server holds (vLLM's --max-num-seqs); reached when `concurrency` episodes make enough requests",
-    )
-    max_retries: int = Field(4, ge=0, le=100, description="retries of a request on 429, 5xx or no answer")
 
 
 class RunConfig(BaseModel):
@@ -178,43 +135,6 @@ class RunConfig(BaseModel):
         return names
 
 
-def resolve_config_path(path: Path) -> Path:
-    """A YAML file, or the name of a recipe shipped with searchteam (`METHOD/MODEL-DEVICE[-VARIANT]`, e.g.
-    `mask/qwen0.5b-cpu`; see `shipped_recipes`)."""
-    if path.exists():
-        return path
-    recipes = shipped_recipes()
-    name = str(path).removesuffix(".yaml")
-    if name in recipes:
-        return recipes[name][0]
-    raise ConfigError(
-        f"config file not found: {path}{did_you_mean(name, recipes)} (shipped recipes: {', '.join(recipes)})"
-    )
-
-
-def shipped_recipes() -> dict[str, tuple[Path, str]]:
-    """Every training recipe shipped with searchteam: its name `METHOD/MODEL-DEVICE[-VARIANT]` (what
-    `--config` takes) → (its file, its purpose: the first comment line of its YAML header, or "")."""
-    named = {
-        f"{p.parent.parent.name}/{p.name.removesuffix('.yaml')}": p
-        for p in METHODS_DIR.glob("*/recipes/*.yaml")
-    }
-    return {name: (path, _header_line(path)) for name, path in sorted(named.items())}
-
-
-def recipe_name(path: Path) -> str | None:
-    """The shipped recipe name of a config file, or None for a file of the user's."""
-    resolved = path.resolve()
-    return next((name for name, (p, _) in shipped_recipes().items() if p.resolve() == resolved), None)
-
-
-def _header_line(path: Path) -> str:
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            return line.strip().removeprefix("#").strip() if line.lstrip().startswith("#") else ""
-    return ""
-
-
 def parse_settings(items: Iterable[str]) -> dict[str, Any]:
     """`--set` items (`key=value`, a dotted key for a nested field: `train.lr=1e-5`) as {key: value}, each
     value read as YAML the way a config file reads it (`true`, `null`, `3`, `[nq, hotpotqa]`)."""
@@ -269,13 +189,15 @@ def load_config(
     overrides: dict[str, Any],
     schema: type[RunConfig] = RunConfig,
     settings: Mapping[str, Any] | None = None,
+    complete: Callable[[dict[str, Any], type[RunConfig]], dict[str, Any]] | None = None,
 ) -> RunConfig:
     """Validate against `schema` a YAML file, then `settings` (`--set`, all given), then CLI overrides (None
-    means "not given"); a dotted key in either sets one field of a section (`parse_settings`)."""
+    means "not given"); a dotted key in either sets one field of a section (`parse_settings`). `complete`
+    fills in what they leave unset before validation (`factory.load_run_config`: a trained adapter's run
+    settings)."""
     data: dict[str, Any] = {}
     source = "command line"
     if path is not None:
-        path = resolve_config_path(path)
         source = str(path)
         loaded = read_yaml(path)
         if not isinstance(loaded, dict):
@@ -289,27 +211,10 @@ def load_config(
     if settings:
         source += " and --set" if path is not None else ", --set"
     try:
-        return schema.model_validate(_with_adapter_settings(data, schema))
+        return schema.model_validate(complete(data, schema) if complete else data)
     except ValidationError as exc:
         problems = "; ".join(_problem(err, schema) for err in exc.errors())
         raise ConfigError(f"invalid configuration ({source}): {problems}") from None
-
-
-def _with_adapter_settings(data: dict[str, Any], schema: type[RunConfig]) -> dict[str, Any]:
-    """`data` completed with the run settings of the trained adapter it names as `model`, when it runs that
-    adapter's method: a field the run leaves unset takes the adapter's value; a dict merges key by key."""
-    trained = TRAINED.get(str(data.get("model")))
-    method = data.get("method", schema.model_fields["method"].default)
-    if trained is None or method != trained.method:
-        return data
-    merged = dict(data)
-    for key, value in trained.run_settings.items():
-        given = merged.get(key)
-        if given is None:
-            merged[key] = value
-        elif isinstance(given, dict):
-            merged[key] = {**value, **given}
-    return merged
 
 
 def _problem(err: Any, schema: type[RunConfig]) -> str:
@@ -332,9 +237,3 @@ def _section_model(schema: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseMo
         kinds = [field.annotation, *get_args(field.annotation)]
         model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
     return model
-
-
-def did_you_mean(name: str, choices: Iterable[str]) -> str:
-    """`; did you mean 'X'?` for the closest of `choices` to a misspelled `name`, else nothing."""
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else ""

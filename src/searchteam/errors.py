@@ -5,6 +5,9 @@ backend or retriever that cannot serve, KeyError for an unknown name."""
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class SearchTeamError(Exception):
     """A problem the user can fix; the message says what and where."""
@@ -70,3 +73,9 @@ class MissingExtra(LLMError, RetrievalError):
 class RequestRejected(RuntimeError):
     """The engine refused one request for what it asked (a prompt longer than its context): that episode
     fails and is counted, the run goes on. Not a SearchTeamError: the backend still serves the others."""
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """`; did you mean 'X'?` for the closest of `choices` to a misspelled `name`, else nothing."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from searchteam.config import RunConfig
+from searchteam.config import RunConfig, load_config
 from searchteam.llm import LLM, build_llm, secondary_backend
-from searchteam.methods import get_method, get_team
+from searchteam.llm.models import TRAINED
+from searchteam.methods import get_method, get_team, resolve_config_path
 from searchteam.retrieval.base import Retriever
 from searchteam.runtime import Sampling
 from searchteam.teams import Team, TeamSettings
@@ -18,6 +22,35 @@ class Components:
     team: Team
     llms: dict[str, LLM]
     retriever: Retriever | None
+
+
+def load_run_config(
+    path: Path | None,
+    overrides: dict[str, Any],
+    schema: type[RunConfig] = RunConfig,
+    settings: Mapping[str, Any] | None = None,
+) -> RunConfig:
+    """`config.load_config` for a run: `path` may name a shipped recipe (`methods.shipped_recipes`), and a
+    trained adapter named as `model` brings its run settings (`with_adapter_settings`)."""
+    path = resolve_config_path(path) if path is not None else None
+    return load_config(path, overrides, schema, settings, complete=with_adapter_settings)
+
+
+def with_adapter_settings(data: dict[str, Any], schema: type[RunConfig]) -> dict[str, Any]:
+    """`data` completed with the run settings of the trained adapter it names as `model`, when it runs that
+    adapter's method: a field the run leaves unset takes the adapter's value; a dict merges key by key."""
+    trained = TRAINED.get(str(data.get("model")))
+    method = data.get("method", schema.model_fields["method"].default)
+    if trained is None or method != trained.method:
+        return data
+    merged = dict(data)
+    for key, value in trained.run_settings.items():
+        given = merged.get(key)
+        if given is None:
+            merged[key] = value
+        elif isinstance(given, dict):
+            merged[key] = {**value, **given}
+    return merged
 
 
 def build_team(config: RunConfig) -> Team:

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from searchteam.config import load_config
 from searchteam.errors import ConfigError
-from searchteam.factory import build_run_retriever, build_sampling, build_team
+from searchteam.factory import build_run_retriever, build_sampling, build_team, load_run_config
 from searchteam.llm.base import (
     Completion,
     GenerationRequest,
@@ -219,4 +218,6 @@ def load_environment(config: str | Path, settings: Mapping[str, Any] | None = No
 
 @functools.lru_cache(maxsize=8)
 def _environment(config: str, settings: str) -> TeamEnvironment:
-    return TeamEnvironment.from_config(load_config(Path(config), {}, TrainRunConfig, json.loads(settings)))
+    return TeamEnvironment.from_config(
+        load_run_config(Path(config), {}, TrainRunConfig, json.loads(settings))
+    )

@@ -8,8 +8,8 @@ from searchteam.errors import LLMError
 from searchteam.llm.base import LLM, Completion, GenerationRequest, SamplingParams
 from searchteam.llm.models import DEFAULT_MODEL, PRESETS, TRAINED, checkpoint_of
 
-if TYPE_CHECKING:  # searchteam.config imports this package: a runtime import here would be circular
-    from searchteam.config import EngineSettings, ServerSettings
+if TYPE_CHECKING:
+    from searchteam.llm.settings import EngineSettings, ServerSettings
 
 BACKENDS = ("auto", "hf", "ov", "openai", "vllm")
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchteam.config import LORA_RANKS, EngineSettings
 from searchteam.errors import LLMError
 from searchteam.extras import require
 from searchteam.llm.base import Completion, GenerationRequest, SamplingParams, render_chat, truncate_at_stop
 from searchteam.llm.models import resolve_model
+from searchteam.llm.settings import LORA_RANKS, EngineSettings
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@
 (`recipes/*.yaml`); its `__init__.py` calls `register_method` once.
 
 This module is the one registry: it imports every package in this folder, so adding a method means adding
-one folder. What generic code needs of a method (the team, the reward scheme and its options, the
-recipe `searchteam train --method NAME` starts from, the extra models training adds) comes from here,
-never from a list kept elsewhere.
+one folder. What generic code needs of a method (the team, the reward scheme and its options, its shipped
+recipes and the one `searchteam train --method NAME` starts from, the extra models training adds) comes
+from here, never from a list kept elsewhere.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from searchteam.errors import UnknownMethodError
+from searchteam.errors import ConfigError, UnknownMethodError, did_you_mean
 from searchteam.llm.base import LLM
 from searchteam.rewards.base import RewardScheme, RewardSpec
 from searchteam.teams.base import Team, TeamSettings
@@ -151,3 +151,41 @@ __all__ = [
     "register_method",
     "reward_methods",
 ]
+
+
+def shipped_recipes() -> dict[str, tuple[Path, str]]:
+    """Every training recipe shipped with searchteam: its name `METHOD/MODEL-DEVICE[-VARIANT]` (what
+    `--config` takes) → (its file, its purpose: the first comment line of its YAML header, or "")."""
+    named = {
+        f"{name}/{path.stem}": path
+        for name, method in REGISTRY.items()
+        for path in method.folder.glob("recipes/*.yaml")
+    }
+    return {name: (path, _header_line(path)) for name, path in sorted(named.items())}
+
+
+def resolve_config_path(path: Path) -> Path:
+    """A YAML file, or the name of a recipe shipped with searchteam (`METHOD/MODEL-DEVICE[-VARIANT]`, e.g.
+    `mask/qwen0.5b-cpu`; see `shipped_recipes`)."""
+    if path.exists():
+        return path
+    recipes = shipped_recipes()
+    name = str(path).removesuffix(".yaml")
+    if name in recipes:
+        return recipes[name][0]
+    raise ConfigError(
+        f"config file not found: {path}{did_you_mean(name, recipes)} (shipped recipes: {', '.join(recipes)})"
+    )
+
+
+def recipe_name(path: Path) -> str | None:
+    """The shipped recipe name of a config file, or None for a file of the user's."""
+    resolved = path.resolve()
+    return next((name for name, (p, _) in shipped_recipes().items() if p.resolve() == resolved), None)
+
+
+def _header_line(path: Path) -> str:
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            return line.strip().removeprefix("#").strip() if line.lstrip().startswith("#") else ""
+    return ""

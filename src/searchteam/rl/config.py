@@ -1,4 +1,8 @@
-"""Every knob of RL training in one validated object (defaults, then YAML, then CLI flags)."""
+"""Every knob of RL training in one validated object (defaults, then YAML, then CLI flags).
+
+One import circle is kept on purpose: `estimator` is validated against the estimator registry in
+`rl.advantages`, whose estimators read a `TrainConfig`; the registry is imported when a config is validated,
+so either module can be imported first."""
 
 from __future__ import annotations
 

@@ -13,8 +13,7 @@ from typing import Any, ClassVar, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from searchteam.config import did_you_mean
-from searchteam.errors import ConfigError
+from searchteam.errors import ConfigError, did_you_mean
 from searchteam.metrics import normalize_answer, sufficiency
 from searchteam.runtime.context import Context, Turn
 from searchteam.teams.parsing import parse_answer

@@ -8,12 +8,13 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from searchteam.config import RunConfig, load_config, recipe_name, resolve_config_path
+from searchteam.config import RunConfig
 from searchteam.errors import ConfigError
 from searchteam.eval.runner import select_questions
+from searchteam.factory import load_run_config
 from searchteam.llm.hf import pick_device
 from searchteam.llm.models import TRAINED, checkpoint_of
-from searchteam.methods import get_method
+from searchteam.methods import get_method, recipe_name, resolve_config_path
 from searchteam.rl import TrainConfig
 from searchteam.rl.config import WarmStartConfig
 from searchteam.types import Question
@@ -98,7 +99,7 @@ def load_train_run_config(
     given = {**(settings or {}), **{k: v for k, v in overrides.items() if v is not None}}
     if path is None and given.get("method"):
         path = default_recipe(given["method"], given.get("device"))
-    cfg = load_config(path, overrides, TrainRunConfig, settings)
+    cfg = load_run_config(path, overrides, TrainRunConfig, settings)
     assert isinstance(cfg, TrainRunConfig)
     if path is not None:
         cfg.recipe = recipe_name(resolve_config_path(path)) or str(path)
