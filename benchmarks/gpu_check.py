@@ -38,7 +38,7 @@ from searchteam.llm.models import resolve_model
 from searchteam.methods import build_reward_scheme, get_team, shipped_recipes
 from searchteam.rl.config import TrainConfig
 from searchteam.rl.experience import samples_from_episodes
-from searchteam.rl.memory import estimate_memory, shape_from_config
+from searchteam.rl.memory_estimate import estimate_memory, shape_from_config
 from searchteam.rl.policy import build_policy
 from searchteam.rl.trainer import Trainer
 from searchteam.runtime import Sampling, make_backends, run_episodes
@@ -230,7 +230,7 @@ def main() -> None:
         speed = f"{trained / seconds:9.1f} tokens/s ({seconds:.1f} s)"
         print(f"  {variant:<8} update {speed}, gradient diff {diff:.1e}")
     batch = f"micro-batch {args.micro_batch_size} x {longest} tokens, KV cache of {rollout_tokens} tokens"
-    print(f"estimate (searchteam.rl.memory, {batch}): {est.gib()}")
+    print(f"estimate (searchteam.rl.memory_estimate, {batch}): {est.gib()}")
     print(f"openvino imported: {'openvino' in sys.modules}")
 
 

@@ -16,8 +16,8 @@ import yaml
 
 from searchteam.config import RunConfig
 from searchteam.factory import build_team
+from searchteam.files import read_jsonl_tolerant
 from searchteam.metrics import normalize_answer
-from searchteam.paths import read_jsonl_tolerant
 from searchteam.retrieval.corpus import corpus_of_run, find_passages
 from searchteam.teams.base import unsupported_copy
 

@@ -21,9 +21,9 @@ import pytest
 
 import searchteam.llm.models as models
 import searchteam.llm.ov_export as ov_export
+from searchteam.cache import MANIFEST, entry_problem, manifest_problem, require_files
 from searchteam.llm.models import checkpoint_problem, resolve_model
 from searchteam.llm.ov_export import ir_problem, openvino_model_dir
-from searchteam.paths import MANIFEST, entry_problem, manifest_problem, require_files
 from searchteam.retrieval.bm25 import BM25Retriever
 from searchteam.retrieval.cache import COMPLETE_MARKER
 
@@ -162,13 +162,13 @@ def test_model_from_before_manifests_is_adopted_when_sound_else_rebuilt(
 def test_a_file_touched_but_unchanged_is_rehashed_once(
     cache: Path, conversions: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import searchteam.paths as paths
+    import searchteam.cache as cache_module
 
     path = Path(resolve_model(PRESET))
     os.utime(path / "model.safetensors", ns=(0, 10**18))  # a copy without -p, say
     hashed: list[str] = []
-    real_sha = paths.file_sha256
-    monkeypatch.setattr(paths, "file_sha256", lambda p: hashed.append(p.name) or real_sha(p))
+    real_sha = cache_module.file_sha256
+    monkeypatch.setattr(cache_module, "file_sha256", lambda p: hashed.append(p.name) or real_sha(p))
     resolve_model(PRESET)
     resolve_model(PRESET)
     assert conversions == ["model"] and hashed == ["model.safetensors"]

@@ -27,9 +27,9 @@ from searchteam.config import RunConfig, load_config
 from searchteam.data.benchmark import load_questions
 from searchteam.errors import ConfigError, DataError
 from searchteam.factory import Components, build_team
+from searchteam.files import filesystem_fault
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.methods import METHODS, get_team
-from searchteam.paths import filesystem_fault
 from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings
 from searchteam.train.config import load_train_run_config

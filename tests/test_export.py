@@ -20,7 +20,7 @@ from searchteam.factory import Components, build_team
 from searchteam.integrations.export import export_runs
 from searchteam.integrations.views import dpo_rows, stepwise_rows
 from searchteam.llm.scripted import ScriptedLLM
-from searchteam.rl.run_log import trace, whole_episode
+from searchteam.rl.run_log import rollout_line
 from searchteam.types import Episode, Question, Turn
 
 datasets = pytest.importorskip("datasets")
@@ -165,9 +165,8 @@ def training_run(tmp: Path, whole: bool) -> Path:
     run = tmp / ("whole" if whole else "traces")
     run.mkdir(exist_ok=True)
     (run / "config.yaml").write_text(yaml.safe_dump({"method": "search_r1", "model": "smollm2-135m"}))
-    record = whole_episode if whole else trace
     episodes = [rollout_episode("capital of France", a, r) for a, r in (("Paris", 1.0), ("Lyon", 0.0))]
-    lines = [json.dumps({"step": 3, **record(e)}) for e in episodes]
+    lines = [json.dumps({"step": 3, **rollout_line(e, whole)}) for e in episodes]
     (run / "rollouts.jsonl").write_text("\n".join(lines) + "\n")
     return run
 

@@ -23,8 +23,8 @@ import pytest
 from fastapi import FastAPI, Request
 from typer.testing import CliRunner
 
+from searchteam.cache import MISSING, require_files
 from searchteam.cli import app
-from searchteam.paths import MISSING, require_files
 from tests.helpers import serve_on_loopback
 from tests.test_caches import (
     hidden_leftovers,
@@ -355,7 +355,7 @@ def rebuild(kind: str, corpus: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_a_killed_cache_build_leaves_nothing_a_later_run_trusts(
     kind: str, folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from searchteam.paths import entry_problem
+    from searchteam.cache import entry_problem
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("SEARCHTEAM_CACHE", str(cache))

@@ -12,7 +12,7 @@ import pytest
 from searchteam.config import RunConfig
 from searchteam.factory import build_team
 from searchteam.methods import shipped_recipes
-from searchteam.rl.memory import QWEN25, estimate_memory
+from searchteam.rl.memory_estimate import QWEN25, estimate_memory
 from searchteam.train.config import load_train_run_config
 
 RECIPES = [path for path, _ in shipped_recipes().values()]

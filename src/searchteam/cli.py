@@ -235,7 +235,7 @@ def shared_flags(*groups: dict[str, Any]) -> Callable[[Callable[..., Any]], Call
 def user_errors() -> Iterator[None]:
     """Show problems a user can fix as one clear line instead of a traceback: bad input, an unreachable
     model or retriever, a full disk or a folder that cannot be written."""
-    from searchteam.paths import filesystem_fault
+    from searchteam.files import filesystem_fault
 
     try:
         yield
@@ -317,7 +317,7 @@ def ask(
         typer.echo(json.dumps(payload, ensure_ascii=False, indent=None if stream else 2, default=str))
         return
     if not stream:
-        _print_trace(episode)
+        _print_episode_table(episode)
     for r in episode.retrievals[feed.searched :] if stream else []:  # searches after the last turn
         _print_search(r.query, [p.title for p in r.passages])
     console.print(f"[bold green]Answer:[/] {escape(episode.answer)}")
@@ -347,7 +347,7 @@ def _echo_turn_json(event: dict[str, Any]) -> None:
     typer.echo(json.dumps({"turn": event}, ensure_ascii=False))
 
 
-def _print_trace(episode: Episode) -> None:
+def _print_episode_table(episode: Episode) -> None:
     """The episode's turns and searches as one table, in the order they ran."""
     from searchteam.runtime.turns import run_order
     from searchteam.types import Turn

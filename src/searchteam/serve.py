@@ -135,21 +135,6 @@ def build_service(
     return TeamService(components.team, config.method, config.model, backends, build_sampling(config), limits)
 
 
-def trace(episode: Episode) -> dict[str, Any]:
-    """Turns and state snapshots as `searchteam ask --json` shows them, searches with their passages."""
-    return episode_trace(episode) | {
-        "searches": [
-            {
-                "step": r.step,
-                "after_turns": r.after_turns,
-                "query": r.query,
-                "passages": [p.model_dump() for p in r.passages],
-            }
-            for r in episode.retrievals
-        ]
-    }
-
-
 async def episode_stream(
     service: TeamService, question: str, golds: list[str], request: Request | None = None
 ) -> AsyncIterator[dict[str, Any] | Episode]:
@@ -295,7 +280,7 @@ def create_app(service: TeamService, api_key: str | None = None) -> FastAPI:
                 }
             ],
             "usage": usage(episode),
-            "trace": trace(episode),
+            "trace": episode_trace(episode, passages=True),
         }
 
     return app
@@ -311,7 +296,7 @@ def ask_reply(service: TeamService, question: str, golds: list[str], episode: Ep
         "error": episode.error,
         "seconds": round(episode.seconds, 3),
         "usage": usage(episode),
-        "trace": trace(episode),
+        "trace": episode_trace(episode, passages=True),
     }
     if golds:
         reply["scores"] = answer_scores(episode.answer, golds)
@@ -360,7 +345,7 @@ async def _chat_chunks(
                 yield sse(OpenAIError(500, _team_failed(service, item)).body(), "error")
             else:
                 yield chunk({"content": item.answer})
-                yield chunk({}, "stop", trace=trace(item))
+                yield chunk({}, "stop", trace=episode_trace(item, passages=True))
                 if include_usage:
                     yield sse({**head, "choices": [], "usage": usage(item)})
                 yield SSE_DONE

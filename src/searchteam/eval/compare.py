@@ -19,7 +19,7 @@ import numpy as np
 
 from searchteam.data.benchmark import answer_form, hop_group
 from searchteam.errors import CompareError, JsonlError
-from searchteam.paths import read_jsonl_numbered
+from searchteam.files import read_jsonl_numbered
 
 RESULTS = "results.jsonl"
 EXACT_SIGN_FLIP = 16  # 2^16 sign patterns enumerate in well under a second

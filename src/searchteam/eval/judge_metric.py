@@ -21,9 +21,9 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from searchteam.cache import cache_dir
 from searchteam.llm.base import LLM
 from searchteam.metrics import cover_exact_match
-from searchteam.paths import cache_dir
 from searchteam.rewards.judge import judge_request, load_judge_prompts, parse_verdict
 
 JUDGE_PROMPTS, JUDGE_KIND = "decor_judge", "answer"

@@ -18,8 +18,8 @@ from searchteam.errors import ConfigError, JsonlError
 from searchteam.eval.judge_metric import judge_rows
 from searchteam.eval.summary import result_row, summarize
 from searchteam.factory import Components, build_components, build_sampling, build_team, secondary_llm
+from searchteam.files import read_jsonl_tolerant, write_lines_atomic
 from searchteam.llm import LLM
-from searchteam.paths import read_jsonl_tolerant, write_lines_atomic
 from searchteam.runtime import make_backends, run_episodes
 from searchteam.teams import Team
 from searchteam.tracking import TrackingSetup, check_installed, report_once, trackers_for

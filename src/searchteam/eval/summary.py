@@ -46,9 +46,10 @@ TURN_FIELDS = {
 }
 
 
-def episode_trace(episode: Episode) -> dict[str, Any]:
+def episode_trace(episode: Episode, passages: bool = False) -> dict[str, Any]:
     """What a reader needs to replay a run: every turn (its prompt as messages: the prompt's token ids are
-    left out, `searchteam export` rebuilds them), search and state snapshot."""
+    left out, `searchteam export` rebuilds them), search and state snapshot. A search lists its passages'
+    ids, or with `passages` the passages themselves (what `serve` answers)."""
     return {
         "turns": [t.model_dump(include=TURN_FIELDS) for t in episode.turns],
         "searches": [
@@ -56,7 +57,11 @@ def episode_trace(episode: Episode) -> dict[str, Any]:
                 "step": r.step,
                 "after_turns": r.after_turns,
                 "query": r.query,
-                "ids": [p.id for p in r.passages],
+                **(
+                    {"passages": [p.model_dump() for p in r.passages]}
+                    if passages
+                    else {"ids": [p.id for p in r.passages]}
+                ),
             }
             for r in episode.retrievals
         ],

@@ -20,8 +20,8 @@ import pyarrow as pa
 import yaml
 
 from searchteam.errors import ExperienceError, ExportError, JsonlError
+from searchteam.files import read_jsonl_tolerant
 from searchteam.metrics import answer_scores
-from searchteam.paths import read_jsonl_tolerant
 from searchteam.retrieval.corpus import corpus_of_run, find_passages
 from searchteam.rl.experience import chat_render, group_key, turn_token_ids
 from searchteam.rl.warm_start import collected_rounds, read_collected

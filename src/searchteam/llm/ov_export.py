@@ -13,7 +13,7 @@ with F16 weights, let GenAI build the graph, then
   fp16 or fp32.
 
 The result is cached once per preset and precision, written to a temporary folder with its manifest and
-renamed into place; a truncated or changed file is detected and the export rebuilt (`searchteam.paths`).
+renamed into place; a truncated or changed file is detected and the export rebuilt (`searchteam.cache`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ from xml.etree import ElementTree
 
 import numpy as np
 
+from searchteam.cache import cache_dir, ensure_cache, write_manifest
 from searchteam.errors import LLMError
 from searchteam.extras import require
+from searchteam.files import temp_entry
 from searchteam.llm.models import PRESETS, _gguf_source, resolve_model
-from searchteam.paths import cache_dir, ensure_cache, temp_entry, write_manifest
 
 OV_PRECISIONS = ("int8", "fp16", "fp32")
 OV_EXTRA, OV_WHAT = "cpu", "the OpenVINO engine (--backend ov)"

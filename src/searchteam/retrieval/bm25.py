@@ -1,5 +1,5 @@
 """Sparse retrieval with bm25s: the index is built once per corpus and parameters, then cached on disk (a
-checked, self-healing cache entry: `searchteam.paths`)."""
+checked, self-healing cache entry: `searchteam.cache`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import bm25s
 import numpy as np
 import Stemmer
 
+from searchteam.cache import ensure_cache, require_files, write_manifest
 from searchteam.data import CORPUS_PATH
-from searchteam.paths import ensure_cache, require_files, write_manifest
 from searchteam.retrieval.cache import COMPLETE_MARKER, build_atomically, index_dir
 from searchteam.retrieval.corpus import PassageTable, corpus_fingerprint, load_corpus, passage_text
 from searchteam.types import Passage

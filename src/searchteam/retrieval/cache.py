@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from searchteam.paths import atomic_dir, cache_dir
+from searchteam.cache import cache_dir
+from searchteam.files import atomic_dir
 
 COMPLETE_MARKER = "COMPLETE"
 

@@ -1,7 +1,7 @@
 """Dense retrieval: sentence-transformers embeddings, exact inner-product search with faiss.
 
 Passage embeddings are computed once per (corpus, model, passage prefix) and cached on disk (a checked,
-self-healing cache entry: `searchteam.paths`); the flat index is rebuilt from them at load time, which is a
+self-healing cache entry: `searchteam.cache`); the flat index is rebuilt from them at load time, which is a
 memory copy.
 """
 
@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from searchteam.cache import ensure_cache, require_files, write_manifest
 from searchteam.data import CORPUS_PATH
 from searchteam.errors import RetrievalError
 from searchteam.extras import require
-from searchteam.paths import ensure_cache, require_files, write_manifest
 from searchteam.retrieval.cache import COMPLETE_MARKER, build_atomically, index_dir
 from searchteam.retrieval.corpus import PassageTable, corpus_fingerprint, load_corpus, passage_text
 from searchteam.types import Passage

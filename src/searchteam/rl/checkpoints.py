@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from searchteam.paths import atomic_dir
+from searchteam.files import atomic_dir
 from searchteam.rl.config import CHECKPOINTS, TrainConfig
 from searchteam.rl.policy import Policy
 

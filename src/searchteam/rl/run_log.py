@@ -18,7 +18,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 
 from searchteam import tracking
-from searchteam.paths import read_jsonl_numbered, write_lines_atomic
+from searchteam.files import read_jsonl_numbered, write_lines_atomic
 from searchteam.rl.config import LOG_NAME, ROLLOUTS_NAME, TrainConfig
 from searchteam.rl.experience import Sample
 from searchteam.types import Episode
@@ -81,8 +81,7 @@ class RunLog:
         """Every process's episodes of a step: traces for reading what the policy did (each turn's
         completion, format flag and reward), or with `whole` the episodes as recorded, prompts and token
         ids included."""
-        record = whole_episode if whole else trace
-        lines = gather_object([json.dumps({"step": step, **record(e)}) for e in episodes])
+        lines = gather_object([json.dumps({"step": step, **rollout_line(e, whole)}) for e in episodes])
         if not self.accelerator.is_main_process:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -191,19 +190,16 @@ def light(sample: Sample) -> Sample:
     )
 
 
-def trace(episode: Episode) -> dict[str, Any]:
+def rollout_line(episode: Episode, whole: bool = False) -> dict[str, Any]:
     """An episode for `rollouts.jsonl`: question, answer, reward, meta and turns without prompts or token
-    ids."""
+    ids; with `whole`, the episode as recorded (prompts, continuations, token ids, passages)."""
+    if whole:
+        return episode.model_dump(mode="json")
     return episode.model_dump(
         mode="json",
         include={"question", "answer", "error", "group_id", "reward", "reward_terms", "meta", "turns"},
         exclude={"turns": {"__all__": {"messages", "prompt_token_ids", "completion_token_ids", "logprobs"}}},
     )
-
-
-def whole_episode(episode: Episode) -> dict[str, Any]:
-    """An episode for `rollouts.jsonl` as recorded: prompts, continuations, token ids, passages."""
-    return episode.model_dump(mode="json")
 
 
 def jsonable(record: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 advantages → `ppo_epochs` passes of clipped-surrogate updates → log → checkpoint; optionally preceded by a
 warm-start stage of rejection-sampling fine-tuning. The `Trainer` runs the loop and DAPO's re-sampling;
 its parts each have a module: the update (`rl.update`), the advantage estimators (`rl.advantages`), the
-warm start (`rl.expert_iteration`), checkpoints (`rl.checkpoints`), the run's log, trackers and rollout
+warm start (`rl.warm_start`), checkpoints (`rl.checkpoints`), the run's log, trackers and rollout
 traces (`rl.run_log`) and the processes (`rl.distributed`).
 
 The trainer never imports a team: the caller supplies `rollout(step) -> episodes` (e.g. the runtime driving a
@@ -37,10 +37,10 @@ from searchteam.rl.checkpoints import (
 from searchteam.rl.config import CHECKPOINTS, TrainConfig
 from searchteam.rl.distributed import check_distributed, make_accelerator, slowest, sum_over_ranks
 from searchteam.rl.experience import Render, Sample, samples_from_episodes
-from searchteam.rl.expert_iteration import ExpertIteration
 from searchteam.rl.policy import Policy
 from searchteam.rl.run_log import RunLog, credit_stats, light, mismatch_stats, mismatch_sums, role_stats
 from searchteam.rl.update import PolicyUpdater
+from searchteam.rl.warm_start.loop import WarmStartLoop
 from searchteam.types import Episode
 
 Rollout = Callable[..., list[Episode]]  # rollout(step) or rollout(step, attempt=k)
@@ -220,9 +220,9 @@ class Trainer:
     # ---- warm start, checkpoints, log ---------------------------------------------------------------
 
     def run_warm_start(self) -> list[dict[str, Any]]:
-        """The warm start's rounds after the last finished one (`ExpertIteration`); returns their records."""
+        """The warm start's rounds after the last finished one (`WarmStartLoop`); returns their records."""
         assert self.warm_start is not None
-        return ExpertIteration(self.warm_start, self.updater, self.log, self.config, self.run_dir).run()
+        return WarmStartLoop(self.warm_start, self.updater, self.log, self.config, self.run_dir).run()
 
     @property
     def checkpoint_root(self) -> Path:

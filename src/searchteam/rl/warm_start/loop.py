@@ -5,7 +5,7 @@ state). All processes gather every process's episodes and train on the same data
 the micro-batches. A finished round is saved to `warm_start/round-NN` (policy and adapters), so a killed
 stage resumes at the next round, from the round's saved samples when its sampling had finished.
 
-What to keep, the samples and the stage's files are `searchteam.rl.warm_start`'s."""
+What to keep, the samples and the stage's files are the package's (`searchteam.rl.warm_start`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 
-from searchteam.paths import atomic_dir
+from searchteam.files import atomic_dir
 from searchteam.progress import progress_bar
 from searchteam.rl import warm_start as ws
 from searchteam.rl.config import WARM_START, TrainConfig
@@ -27,7 +27,7 @@ from searchteam.rl.update import Optimizer, PolicyUpdater
 from searchteam.types import Episode
 
 
-class ExpertIteration:
+class WarmStartLoop:
     """The warm start `stage` of the run in `run_dir` (`config`: the RL run's options, for its roles,
     betas and seed), training through `updater` and recording through `log`."""
 

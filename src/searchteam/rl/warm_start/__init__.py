@@ -1,6 +1,7 @@
-"""The warm-start stage's data side: which sampled episodes to keep, their turns as likelihood samples, and
-the files that let a killed warm start resume (`RUN/warm_start/`). The stage's loop is
-`Trainer.run_warm_start`; `searchteam.train.build` supplies the rollouts and the answer score."""
+"""The warm start: rejection-sampling fine-tuning (expert iteration) before RL. This module is its data
+side: which sampled episodes to keep, their turns as likelihood samples, and the files that let a killed
+warm start resume (`RUN/warm_start/`). Its loop is `warm_start.loop.WarmStartLoop`, which
+`Trainer.run_warm_start` runs; `searchteam.train.build` supplies the rollouts and the answer score."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from searchteam.paths import read_jsonl_tolerant, write_lines_atomic
+from searchteam.files import read_jsonl_tolerant, write_lines_atomic
 from searchteam.rl.config import WARM_START, WarmStartConfig
 from searchteam.rl.experience import Sample, samples_from_episodes
 from searchteam.types import Episode, Turn

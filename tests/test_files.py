@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from searchteam.errors import JsonlError
-from searchteam.paths import atomic_dir, read_jsonl_numbered, read_jsonl_tolerant
+from searchteam.files import atomic_dir, read_jsonl_numbered, read_jsonl_tolerant
 
 
 def test_a_torn_last_line_is_left_out_and_repair_cuts_it(tmp_path: Path) -> None:
