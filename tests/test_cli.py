@@ -132,7 +132,7 @@ def test_set_applies_after_the_config_file_and_before_the_flags(
     seen = captured_eval(monkeypatch)
     args = ["eval", "--config", str(config), "--set", "temperature=0.7", "--set", "top_p=0.8"]
     args += ["--set", "engine.max_num_seqs=16", "--set", "datasets=[nq, hotpotqa]", "--temperature", "0.2"]
-    args += ["--generator", "gen-model"]
+    args += ["--set", "extra_models.generator=gen-model"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     cfg = seen["config"]

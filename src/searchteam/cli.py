@@ -64,17 +64,7 @@ SetOpt = Annotated[
         "values are read as YAML. Applied after --config and before the other flags. Repeatable.",
     ),
 ]
-MethodOpt = Annotated[
-    str | None, typer.Option("--method", "-m", help="Method name (see `searchteam methods`).")
-]
-ModelOpt = Annotated[
-    str | None, typer.Option(help="Preset (smollm2-135m, qwen2.5-coder-0.5b), HF id or path.")
-]
-BackendOpt = Annotated[
-    str | None, typer.Option(help="auto | hf | ov | openai | vllm (auto: ov on the CPU, hf/vllm on CUDA)")
-]
-BaseUrlOpt = Annotated[str | None, typer.Option(help="OpenAI-compatible server URL for --backend openai.")]
-DeviceOpt = Annotated[str | None, typer.Option(help="cpu | cuda | auto")]
+
 ApiKeyOpt = Annotated[
     str | None,
     typer.Option(
@@ -86,91 +76,59 @@ AllowOpenOpt = Annotated[
     bool,
     typer.Option("--allow-no-api-key", help="Serve beyond the loopback interface without a key."),
 ]
-RetrieverOpt = Annotated[str | None, typer.Option(help="bm25 | dense | http://host:port of serve-retriever.")]
-CorpusOpt = Annotated[
-    Path | None, typer.Option(help="Corpus JSONL (FlashRAG shape); a dense:INDEX_FILE needs its own.")
-]
-EmbedderOpt = Annotated[
-    str | None, typer.Option(help="sentence-transformers model of the dense retriever or index.")
-]
-RerankerOpt = Annotated[
-    str | None,
-    typer.Option(help="Rerank each search's candidates with this model (cross-encoder or bi-encoder)."),
-]
-TopKOpt = Annotated[int | None, typer.Option(help="Passages per search (default: the method's paper value).")]
-MaxTurnsOpt = Annotated[
-    int | None, typer.Option(help="Maximum search rounds for iterative methods (default: the paper's).")
-]
-TempOpt = Annotated[float | None, typer.Option(help="Sampling temperature (0 = greedy).")]
-MaxNewOpt = Annotated[int | None, typer.Option(help="Default max new tokens per LLM call.")]
-BatchOpt = Annotated[int | None, typer.Option(help="Max requests per batched model call.")]
-GeneratorOpt = Annotated[
-    str | None, typer.Option(help="Separate frozen generator model (QAgent submodule mode and the like).")
-]
-DatasetOpt = Annotated[
-    str | None, typer.Option(help="Dataset name(s), comma-separated (train default: nq,hotpotqa).")
-]
-SplitOpt = Annotated[
-    str | None, typer.Option(help="dev | train | smoke (default: dev for eval, train for train).")
-]
-QuestionsOpt = Annotated[Path | None, typer.Option(help="Your own QA JSONL (question, golden_answers).")]
-SkipBadLinesOpt = Annotated[
-    bool | None, typer.Option("--skip-bad-lines", help="Skip unparseable lines of --questions (warned).")
-]
-LimitOpt = Annotated[int | None, typer.Option(help="At most N questions per dataset.")]
-ReportToOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--report-to",
-        help="Experiment trackers, comma-separated: tensorboard, wandb, mlflow, comet_ml, aim, clearml, ... "
-        "or none (default: tensorboard for train, none for eval).",
-    ),
-]
-OutOpt = Annotated[
-    Path | None,
-    typer.Option(
-        help="Run directory (eval: results.jsonl, summary.json; train: log, checkpoints, plots). "
-        "Default: runs/METHOD-MODEL-DATA-SPLIT for eval, runs/train-METHOD for train."
-    ),
-]
-ResumeOpt = Annotated[
-    bool | None,
-    typer.Option(
-        "--resume/--no-resume",
-        help="Continue the interrupted run in --out; without it a run refuses an --out that holds one "
-        "(default: the config's `resume`, else no).",
-    ),
-]
+
+
+def config_flag(field: str, *decls: str, kind: Any = None) -> Any:
+    """The flag of the run-config field `field`, whose help is the field's description (written once, in
+    `RunConfig`); `kind` is the flag's type where the command line writes the value as text (a choice, a
+    comma-separated list)."""
+    info = RunConfig.model_fields[field]
+    return Annotated[(kind or info.annotation) | None, typer.Option(*decls, help=info.description)]
+
+
+# a field whose flag is spelled other than `--field-name`, or whose value the command line writes as text
+FLAG_SPELLING: dict[str, dict[str, Any]] = {
+    "method": {"decls": ("--method", "-m")},
+    "backend": {"kind": str},
+    "base_url": {"kind": str},
+    "datasets": {"decls": ("--dataset",), "kind": str},
+    "report_to": {"decls": ("--report-to",), "kind": str},
+    "skip_bad_lines": {"decls": ("--skip-bad-lines",)},
+    "resume": {"decls": ("--resume/--no-resume",)},
+}
+
+
+def config_flags(*fields: str) -> dict[str, Any]:
+    """The flags of run-config fields, by field name (`RunFlags.overrides` passes them on as they are)."""
+    spelled = {name: FLAG_SPELLING.get(name, {}) for name in fields}
+    return {
+        name: config_flag(name, *how.get("decls", ()), kind=how.get("kind")) for name, how in spelled.items()
+    }
+
 
 RUN_FLAGS: dict[str, Any] = {
     "config": ConfigOpt,
     "settings": SetOpt,
-    "method": MethodOpt,
-    "model": ModelOpt,
-    "backend": BackendOpt,
-    "base_url": BaseUrlOpt,
-    "device": DeviceOpt,
-    "retriever": RetrieverOpt,
-    "corpus": CorpusOpt,
-    "embedder": EmbedderOpt,
-    "reranker": RerankerOpt,
-    "top_k": TopKOpt,
-    "max_turns": MaxTurnsOpt,
-    "temperature": TempOpt,
-    "max_new_tokens": MaxNewOpt,
-    "batch_size": BatchOpt,
-    "generator": GeneratorOpt,
+    **config_flags(
+        "method",
+        "model",
+        "backend",
+        "base_url",
+        "device",
+        "retriever",
+        "corpus",
+        "embedder",
+        "reranker",
+        "top_k",
+        "max_turns",
+        "temperature",
+        "max_new_tokens",
+        "batch_size",
+    ),
 }
-QUESTION_FLAGS: dict[str, Any] = {
-    "dataset": DatasetOpt,
-    "split": SplitOpt,
-    "questions": QuestionsOpt,
-    "skip_bad_lines": SkipBadLinesOpt,
-    "limit": LimitOpt,
-    "report_to": ReportToOpt,
-    "out": OutOpt,
-    "resume": ResumeOpt,
-}
+QUESTION_FLAGS: dict[str, Any] = config_flags(
+    "datasets", "split", "questions", "skip_bad_lines", "limit", "report_to", "out", "resume"
+)
 
 
 @dataclass(frozen=True)
@@ -188,13 +146,8 @@ class RunFlags:
         return parse_settings(self.given.get("settings") or [])
 
     def overrides(self) -> dict[str, Any]:
-        """Config fields from the other flags: `--dataset a,b` is `datasets`, `--generator M` the
-        `extra_models.generator` entry (the config file's other extra models stay)."""
-        renamed = {"dataset": "datasets", "generator": "extra_models.generator"}
-        values = {k: v for k, v in self.given.items() if k not in ("config", "settings")}
-        if values.get("dataset"):
-            values["dataset"] = [d.strip() for d in values["dataset"].split(",") if d.strip()]
-        return {renamed.get(k, k): v for k, v in values.items()}
+        """Config fields from the other flags."""
+        return {k: v for k, v in self.given.items() if k not in ("config", "settings")}
 
     def load(self) -> RunConfig:
         from searchteam.factory import load_run_config
@@ -375,9 +328,7 @@ def _print_episode_table(episode: Episode) -> None:
 @shared_flags(RUN_FLAGS, QUESTION_FLAGS)
 def eval_cmd(
     flags: RunFlags,
-    judge_model: Annotated[
-        str | None, typer.Option(help="LLM judge model: adds judge_acc (verdicts cached on disk).")
-    ] = None,
+    judge_model: config_flag("judge_model") = None,  # type: ignore[valid-type]
 ) -> None:
     """Evaluate a method on benchmark questions; results are written as they finish."""
     from searchteam.eval.runner import evaluate
@@ -563,9 +514,9 @@ def export(
     console.print(f"[green]wrote[/] {report.out}: {counts} rows")
 
 
-EXPORT_QUESTION_FLAGS = {"config": ConfigOpt, "settings": SetOpt, "method": MethodOpt} | {
-    name: QUESTION_FLAGS[name] for name in ("dataset", "split", "questions", "skip_bad_lines", "limit")
-}
+EXPORT_QUESTION_FLAGS = {"config": ConfigOpt, "settings": SetOpt} | config_flags(
+    "method", "datasets", "split", "questions", "skip_bad_lines", "limit"
+)
 
 
 @app.command("export-questions")

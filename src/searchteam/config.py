@@ -22,10 +22,16 @@ NO_TRACKER = "none"
 class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    method: str = "naive_rag"
-    model: str = DEFAULT_MODEL
+    method: str = Field("naive_rag", description="method name (see `searchteam methods`)")
+    model: str = Field(
+        DEFAULT_MODEL,
+        description="preset (smollm2-135m, qwen2.5-coder-0.5b), trained adapter (`searchteam models`), HF id "
+        "or path",
+    )
     backend: Literal["auto", "hf", "ov", "openai", "vllm"] = Field(
-        "auto", description="auto: ov on the CPU where it runs the model, hf (or vllm) on CUDA"
+        "auto",
+        description="auto | hf | ov | openai | vllm (auto: ov on the CPU where it runs the model, hf or vllm "
+        "on CUDA)",
     )
     ov_precision: Literal["int8", "fp16", "fp32"] = Field(
         "int8", description="weights of the ov backend's converted model (fp32: exactly the hf model)"
@@ -42,18 +48,29 @@ class RunConfig(BaseModel):
         description="Extra models by role name, e.g. {generator: qwen2.5-coder-0.5b} for QAgent's frozen "
         "generator; a role without one uses the policy model.",
     )
-    device: str | None = None
+    device: str | None = Field(None, description="cpu | cuda | auto; unset: auto")
     dtype: str | None = None
-    retriever: str = "bm25"
-    corpus: Path | None = None
-    embedder: str | None = None
+    retriever: str = Field(
+        "bm25", description="bm25 | dense | http://host:port of `searchteam serve-retriever`"
+    )
+    corpus: Path | None = Field(
+        None,
+        description="corpus JSONL (FlashRAG shape), unset: the embedded one; dense:INDEX_FILE needs its own",
+    )
+    embedder: str | None = Field(
+        None, description="sentence-transformers model of the dense retriever or index"
+    )
     query_prefix: str = ""
     passage_prefix: str = ""
-    top_k: int | None = Field(None, ge=1, le=100, description="Passages per search; unset: the paper's.")
-    max_turns: int | None = Field(None, ge=1, le=32, description="Search rounds; unset: the paper's.")
-    temperature: float = Field(0.0, ge=0.0, le=5.0)
+    top_k: int | None = Field(None, ge=1, le=100, description="passages per search; unset: the paper's")
+    max_turns: int | None = Field(
+        None, ge=1, le=32, description="search rounds of an iterative method; unset: the paper's"
+    )
+    temperature: float = Field(0.0, ge=0.0, le=5.0, description="sampling temperature (0: greedy)")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(128, ge=1, le=32768)
+    max_new_tokens: int = Field(
+        128, ge=1, le=32768, description="new tokens per LLM call, where max_new_tokens_per_role sets none"
+    )
     max_new_tokens_per_role: dict[str, int] = Field(default_factory=dict)
     batch_size: int = Field(
         32,
@@ -65,16 +82,29 @@ class RunConfig(BaseModel):
     concurrency: int = Field(64, ge=1, le=100000, description="episodes in flight at once")
     seed: int = 0
     options: dict[str, Any] = Field(default_factory=dict)
-    datasets: list[str] | None = None
-    split: str = "dev"
-    questions: Path | None = None
+    datasets: list[str] | None = Field(
+        None,
+        description="datasets, comma-separated: the benchmark's, or those of a questions file to keep; "
+        "unset: all (a training run's: nq and hotpotqa)",
+    )
+    split: str = Field("dev", description="dev | train | smoke (a training run's default: train)")
+    questions: Path | None = Field(
+        None, description="your own QA JSONL (question, golden_answers) instead of the benchmark"
+    )
     skip_bad_lines: bool = Field(
         False,
         description="skip (with a warning) unparseable lines of the questions file instead of stopping",
     )
-    limit: int | None = Field(None, ge=1)
-    out: Path | None = None
-    resume: bool = False
+    limit: int | None = Field(None, ge=1, description="at most this many questions per dataset")
+    out: Path | None = Field(
+        None,
+        description="run directory (eval: results.jsonl, summary.json; train: log, checkpoints, plots); "
+        "unset: runs/METHOD-MODEL-DATA-SPLIT for eval, runs/train-METHOD for train",
+    )
+    resume: bool = Field(
+        False,
+        description="continue the interrupted run in `out`; without it a run refuses an `out` holding one",
+    )
     report_to: list[str] | None = Field(
         None,
         description="experiment trackers (accelerate's log_with): tensorboard, wandb, mlflow, comet_ml, aim, "
@@ -108,10 +138,10 @@ class RunConfig(BaseModel):
             return value[0]
         return value
 
-    @field_validator("report_to", mode="before")
+    @field_validator("datasets", "report_to", mode="before")
     @classmethod
-    def _split_trackers(cls, value: Any) -> Any:
-        """`--report-to wandb,tensorboard` or a YAML list."""
+    def _comma_separated(cls, value: Any) -> Any:
+        """`--dataset nq,hotpotqa`, `--report-to wandb,tensorboard`, or a YAML list."""
         if isinstance(value, str):
             return [v.strip() for v in value.split(",") if v.strip()]
         return value

@@ -33,7 +33,6 @@ class TrainRunConfig(RunConfig):
     group_size: int = Field(4, ge=1, description="rollouts per question (G of GRPO)")
     questions_per_step: int = Field(4, ge=1)
     reward: dict[str, Any] = Field(default_factory=dict, description="options of the method's reward scheme")
-    judge_model: str | None = Field(None, description="LLM judge for reward schemes that use one (DECOR)")
     recipe: str | None = Field(
         None, description="the config the run started from: a shipped recipe's name, else its path"
     )
