@@ -19,7 +19,8 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 import searchteam.factory as factory
-from searchteam.cli import QUESTION_FLAGS, RUN_FLAGS, app
+from searchteam.cli import app
+from searchteam.cli.flags import QUESTION_FLAGS, RUN_FLAGS
 from searchteam.config import RunConfig, load_config, parse_settings
 from searchteam.errors import ConfigError
 from searchteam.factory import Components

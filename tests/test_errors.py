@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 import searchteam.eval.runner as runner
 import searchteam.retrieval.http as http
 from searchteam import errors
-from searchteam.cli import app, user_errors
+from searchteam.cli import app
+from searchteam.cli.app import user_errors
 from searchteam.config import RunConfig, load_config
 from searchteam.data.benchmark import load_questions
 from searchteam.errors import ConfigError, DataError

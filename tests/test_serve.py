@@ -259,7 +259,7 @@ def test_serve_flags_reach_the_servers_and_default_to_their_limits(monkeypatch: 
     import searchteam.retrieval as retrieval
     import searchteam.retrieval.server as retrieval_server
     import searchteam.serve as team_server
-    from searchteam.cli import serve, serve_retriever
+    from searchteam.cli.serving import serve, serve_retriever
     from searchteam.retrieval.server import Limits
 
     for command, limits in [(serve, ServeLimits), (serve_retriever, Limits)]:

@@ -1,5 +1,5 @@
 """Every error searchteam raises on purpose. A `SearchTeamError` is a problem the user can fix, and its
-message says what and where: the CLI shows it as one line without a traceback (`cli.user_errors`). Each
+message says what and where: the CLI shows it as one line without a traceback (`cli.app.user_errors`). Each
 also keeps the builtin base its callers catch: ValueError for input that cannot be used, RuntimeError for a
 backend or retriever that cannot serve, KeyError for an unknown name."""
 

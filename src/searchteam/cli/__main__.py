@@ -1,0 +1,3 @@
+from searchteam.cli import app
+
+app()

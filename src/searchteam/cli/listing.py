@@ -1,0 +1,55 @@
+"""Listings of what ships (`methods`, `recipes`, `models`) and `ship-adapter`, which adds to them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from searchteam.cli.app import JSON_LISTING, app, console, print_listing, user_errors
+from searchteam.methods import METHODS
+
+
+@app.command()
+def methods(as_json: bool = JSON_LISTING) -> None:
+    """List every method with a one-line description."""
+    print_listing(("method", "description"), [(n, c.description) for n, c in METHODS.items()], as_json)
+
+
+@app.command()
+def recipes(as_json: bool = JSON_LISTING) -> None:
+    """List the shipped training recipes (names for `searchteam train --config`) and what each is for."""
+    from searchteam.methods import shipped_recipes
+
+    rows = [(name, purpose) for name, (_, purpose) in shipped_recipes().items()]
+    print_listing(("recipe", "purpose"), rows, as_json)
+
+
+@app.command("ship-adapter")
+def ship_adapter(
+    checkpoint: Annotated[
+        Path, typer.Argument(help="A checkpoint or warm-start round folder (RUN/checkpoints/step-N).")
+    ],
+    name: Annotated[str, typer.Argument(help="The name it is selected by (--model NAME).")],
+    into: Annotated[
+        Path | None, typer.Option(help="Folder to write it under (default: the package's adapters/).")
+    ] = None,
+) -> None:
+    """Copy a training checkpoint's LoRA adapters (fp16) into the package as a named trained adapter;
+    register the name in searchteam.llm.models.TRAINED to select it with --model."""
+    from searchteam.ship import ship
+
+    with user_errors():
+        target = ship(checkpoint, name, into) if into else ship(checkpoint, name)
+    console.print(f"[green]shipped:[/] {target}")
+
+
+@app.command()
+def models(as_json: bool = JSON_LISTING) -> None:
+    """List the model presets and the trained adapters shipped with searchteam (names for --model)."""
+    from searchteam.llm.models import PRESETS, TRAINED
+
+    rows = [(name, "preset", preset.description) for name, preset in PRESETS.items()]
+    rows += [(n, f"{t.method} adapter on {t.base}", t.description) for n, t in TRAINED.items()]
+    print_listing(("model", "kind", "description"), rows, as_json)
