@@ -30,11 +30,12 @@ from searchteam.errors import ConfigError, DataError
 from searchteam.factory import Components, build_team
 from searchteam.files import filesystem_fault
 from searchteam.llm.scripted import ScriptedLLM
-from searchteam.methods import METHODS, get_team
+from searchteam.methods import METHODS, get_method, get_team
 from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings
 from searchteam.train.config import load_train_run_config
 from searchteam.types import Question
+from tests.contracts import option_branches
 from tests.helpers import PASSAGES, TinyRetriever
 
 OFFLINE = ["--backend", "openai", "--base-url", "http://127.0.0.1:9/v1", "--model", "never-called"]
@@ -406,12 +407,6 @@ SOUP = (
     "</predicted_answer><query>Paris</query><search>Paris</search><evidence>Paris</evidence>"
     "<Update>t1</Update><id>1</id><answer>Paris</answer><filter>Paris</filter>"
 )
-# Runs that reach what the first run does not: QAgent's generator, DECOR's compressor, JADE's executors.
-BRANCHES = {
-    "qagent": [({"mode": "submodule"}, "QDS")],
-    "decor": [({"memory_max_tokens": 1}, "QDS")],
-    "jade": [({}, "QDP"), ({}, "QR, R, DS, AG")],
-}
 
 
 @pytest.mark.parametrize("method", list(METHODS))
@@ -421,7 +416,9 @@ def test_each_team_declares_exactly_the_roles_models_and_options_it_uses(method:
     roles: set[str] = set()
     models: set[str] = set()
     options: set[str] = set()
-    for given, workflow in [({}, "QDS"), *BRANCHES.get(method, [])]:
+    # then the runs that reach what the first does not (QAgent's generator, DECOR's compressor, JADE's
+    # executors), which each method declares in its tests/contract.py
+    for given, workflow in [({}, "QDS"), *option_branches(get_method(method))]:
         settings = TeamSettings(max_turns=2)
         settings.options = _Asked(given)
         team = get_team(method, settings)

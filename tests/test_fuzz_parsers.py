@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,29 +39,14 @@ from searchteam.rewards import judge
 from searchteam.teams import base, parsing, selectors, transcript
 from searchteam.teams.parsing import MAX_PARSE_CHARS, Parsed
 from searchteam.types import Turn
+from tests.contracts import FUZZ_QUESTION, FuzzTarget, check_flag, fuzz_targets
 
-QUESTION = "Which novelist was German?"
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SPECIAL = ["İ", "ı", "ſ", "K", "\u2028", "\x85", "\r\n", "\u00a0", "١٢", "１", "\u200d", "é", "🙂", "\x00"]
 PUNCTUATION = ["<", ">", "</", "/>", "< ", "\n", " ", ".", ". ", ":", ",", "→", "-"]
 WORDS = ["Answer:", "So the answer is:", "The answer is: X.", "YES", "no", "None", "unknown"]
 CODES = ["R", "AG", "QDS", "t1", "t9", "0", "2", "12", "Doc 3"]
 FILLER = PUNCTUATION + WORDS + CODES
-
-
-@dataclass(frozen=True)
-class Target:
-    """A parser under test: how to call it on a text, the tags it reads, and its contract on the result."""
-
-    name: str
-    parse: Callable[[str], Any]
-    tags: tuple[str, ...]
-    check: Callable[[Any], None]
-
-
-def _flag(ok: bool, error: str | None) -> None:
-    assert ok == (error is None)
-    assert error is None or (isinstance(error, str) and error)
 
 
 def _answer_from(text: str) -> tuple[str, bool, str | None]:
@@ -71,96 +56,29 @@ def _answer_from(text: str) -> tuple[str, bool, str | None]:
 
 def _queries_from(text: str) -> tuple[list[str], bool, str | None]:
     turn = Turn(role="qr", completion=text)
-    return selectors.queries_from(turn, QUESTION, 4), turn.parsed_ok, turn.parse_error
-
-
-def _ircot(text: str) -> tuple[str, str | None]:
-    sentence = ircot.first_sentence(text)
-    return sentence, ircot.concluded_answer(sentence)
+    return selectors.queries_from(turn, FUZZ_QUESTION, 4), turn.parsed_ok, turn.parse_error
 
 
 def check_parsed(r: Parsed) -> None:
     assert isinstance(r.value, str)
-    _flag(r.ok, r.error)
+    check_flag(r.ok, r.error)
     assert r.ok or len(r.value.split()) <= 20
 
 
 def check_answer_from(r: tuple[str, bool, str | None]) -> None:
     assert isinstance(r[0], str)
-    _flag(r[1], r[2])
-
-
-def check_plan(r: mask.Plan) -> None:
-    state = r.state
-    assert state.question == QUESTION and state.trajectory and isinstance(state.predicted_answer, str)
-    assert all(s.answer and isinstance(s.query, str) for s in state.trajectory)
-    assert all(isinstance(e, str) and e for e in r.errors)
-
-
-def check_search(r: mask.SearchAction) -> None:
-    _flag(r.ok, r.error)
-    assert (r.query is None or r.query.strip()) and (r.ok or r.query == QUESTION)
-
-
-def check_operation(r: tuple[mask.Operation, str | None]) -> None:
-    op, error = r
-    assert op.kind in ("update", "add") and (error is None or error)
-    assert op.kind == "add" or (error is None and op.index in (1, 2, 3))
-
-
-def check_text_and_error(r: tuple[str, str | None]) -> None:
-    assert isinstance(r[0], str) and r[0].strip() and (r[1] is None or r[1])
-
-
-def check_round(r: qagent.RoundOutput) -> None:
-    assert r.kind in ("search", "answer", "malformed") and all(isinstance(i, str) and i for i in r.issues)
-    assert r.kind != "search" or (1 <= len(r.queries) <= qagent.MAX_QUERIES and all(r.queries))
-    assert r.kind != "answer" or r.answer
-    assert r.kind != "malformed" or r.issues
-
-
-def check_planner(r: decor.PlannerAction) -> None:
-    assert (r.query is None or r.query.strip()) and (r.error is None or r.error)
-
-
-def check_searcher(r: dac.SearcherAction) -> None:
-    assert r.kind in ("search", "stop", "invalid") and (r.kind == "invalid") == (r.error is not None)
-    assert r.kind != "search" or r.query.strip()
-
-
-def check_workflow(r: jade.Workflow) -> None:
-    _flag(r.ok, r.error)
-    assert jade.workflow_error(r.steps) is None
-
-
-def check_subquestions(r: list[str]) -> None:
-    assert len(set(r)) == len(r) and all(s == s.strip() and s for s in r)
-
-
-def check_action(r: search_r1.Action) -> None:
-    assert r.kind in ("search", "answer", "invalid") and (r.kind == "invalid") == (r.error is not None)
-    assert r.kind == "invalid" or r.content.strip()
-
-
-def check_ircot(r: tuple[str, str | None]) -> None:
-    sentence, answer = r
-    assert sentence == sentence.strip() and len(sentence.splitlines()) <= 1
-    assert answer is None or isinstance(answer, str)
+    check_flag(r[1], r[2])
 
 
 def check_selection(r: selectors.Selection) -> None:
-    _flag(r.ok, r.error)
+    check_flag(r.ok, r.error)
     assert r.ids and len(set(r.ids)) == len(r.ids) and all(0 <= i < 3 for i in r.ids)
 
 
 def check_queries(r: tuple[list[str], bool, str | None]) -> None:
     queries, ok, error = r
-    _flag(ok, error)
+    check_flag(ok, error)
     assert 1 <= len(queries) <= 4 and all(queries)
-
-
-def check_optional_text(r: str | None) -> None:
-    assert r is None or isinstance(r, str)
 
 
 def check_verdict(r: bool | None) -> None:
@@ -168,62 +86,17 @@ def check_verdict(r: bool | None) -> None:
 
 
 TARGETS = [
-    Target("parse_answer", parsing.parse_answer, ("answer",), check_parsed),
-    Target("answer_from", _answer_from, ("answer",), check_answer_from),
-    Target(
-        "mask.parse_plan",
-        lambda t: mask.parse_plan(t, QUESTION),
-        ("q1", "a1", "q2", "a2", "predicted_answer"),
-        check_plan,
-    ),
-    Target(
-        "mask.parse_search",
-        lambda t: mask.parse_search(t, False, QUESTION),
-        ("search", "end", "/end"),
-        check_search,
-    ),
-    Target("mask.parse_operation", lambda t: mask.parse_operation(t, 3), ("Update", "Add"), check_operation),
-    Target("mask.parse_evidence", mask.parse_evidence, ("evidence",), check_text_and_error),
-    Target(
-        "qagent.parse_round",
-        lambda t: qagent.parse_round(t, True),
-        ("plan", "search", "query", "reflection", "answer"),
-        check_round,
-    ),
-    Target(
-        "decor.parse_planner",
-        lambda t: decor.parse_planner(t, True, QUESTION),
-        ("think", "search"),
-        check_planner,
-    ),
-    Target(
-        "decor.parse_filter",
-        lambda t: decor.parse_tagged(t, "filter", decor.NO_EVIDENCE),
-        ("think", "filter"),
-        check_text_and_error,
-    ),
-    Target("decor.parse_facts", lambda t: decor.parse_facts(t, "verbatim"), ("facts",), check_text_and_error),
-    Target(
-        "dac.parse_searcher", dac.parse_searcher, ("think", "search", "stop", "information"), check_searcher
-    ),
-    Target("jade.parse_workflow", jade.parse_workflow, ("workflow",), check_workflow),
-    Target("jade.parse_subquestions", jade.parse_subquestions, ("q1", "q2", "q3"), check_subquestions),
-    Target("jade.rewritten_query", lambda t: parsing.last_tag(t, "query"), ("query",), check_optional_text),
-    Target(
-        "search_r1.parse_action",
-        search_r1.parse_action,
-        ("think", "search", "answer", "information"),
-        check_action,
-    ),
-    Target("ircot.first_sentence", _ircot, (), check_ircot),
-    Target(
+    FuzzTarget("parse_answer", parsing.parse_answer, ("answer",), check_parsed),
+    FuzzTarget("answer_from", _answer_from, ("answer",), check_answer_from),
+    FuzzTarget(
         "selectors.parse_selection",
         lambda t: selectors.parse_selection(t, 3),
         ("id",),
         check_selection,
     ),
-    Target("selectors.queries_from", _queries_from, ("query",), check_queries),
-    Target("judge.parse_verdict", judge.parse_verdict, ("verdict",), check_verdict),
+    FuzzTarget("selectors.queries_from", _queries_from, ("query",), check_queries),
+    FuzzTarget("judge.parse_verdict", judge.parse_verdict, ("verdict",), check_verdict),
+    *fuzz_targets(),  # each method's, from its tests/contract.py
 ]
 BY_NAME = pytest.mark.parametrize("target", TARGETS, ids=[t.name for t in TARGETS])
 
@@ -251,7 +124,7 @@ def soup(tags: tuple[str, ...], filler: st.SearchStrategy[str] | None = None) ->
 @BY_NAME
 @FUZZ
 @given(data=st.data())
-def test_any_text_gives_a_value_and_a_flag(target: Target, data: st.DataObject) -> None:
+def test_any_text_gives_a_value_and_a_flag(target: FuzzTarget, data: st.DataObject) -> None:
     text = data.draw(st.one_of(st.text(), soup(target.tags)))
     target.check(target.parse(text))
 
@@ -259,7 +132,7 @@ def test_any_text_gives_a_value_and_a_flag(target: Target, data: st.DataObject) 
 @BY_NAME
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_input_past_the_cap_reads_as_its_capped_prefix(target: Target, data: st.DataObject) -> None:
+def test_input_past_the_cap_reads_as_its_capped_prefix(target: FuzzTarget, data: st.DataObject) -> None:
     chunk = data.draw(soup(target.tags).filter(bool))
     huge = chunk * (MAX_PARSE_CHARS // len(chunk) + 2)
     result = target.parse(huge)
@@ -452,7 +325,7 @@ def inputs(tags: tuple[str, ...], n: int) -> dict[str, str]:
 
 
 @BY_NAME
-def test_work_grows_linearly_with_the_input(target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_work_grows_linearly_with_the_input(target: FuzzTarget, monkeypatch: pytest.MonkeyPatch) -> None:
     work: dict[str, list[int]] = {}
     for n in (4_000, 8_000):
         for kind, text in inputs(target.tags, n).items():
@@ -466,7 +339,7 @@ def test_work_grows_linearly_with_the_input(target: Target, monkeypatch: pytest.
 
 @BY_NAME
 def test_parsers_use_only_patterns_that_cannot_backtrack(
-    target: Target, monkeypatch: pytest.MonkeyPatch
+    target: FuzzTarget, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with metered(monkeypatch) as meter:
         for text in inputs(target.tags, 200).values():

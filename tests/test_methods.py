@@ -55,6 +55,65 @@ def test_a_method_registers_once_and_names_only_recipes_it_ships():
     assert "missing_method" not in REGISTRY
 
 
+def test_a_new_method_is_one_folder_whose_tests_and_declarations_the_generic_suites_find(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A method added as one folder (here in a temporary folder that the registry also reads) is registered
+    with its recipe, and the generic suites find what its tests/contract.py declares."""
+    import sys
+
+    import searchteam.methods as methods
+    from tests.contracts import fuzz_targets, option_branches
+
+    folder = tmp_path / "echo_method"
+    (folder / "tests").mkdir(parents=True)
+    (folder / "recipes").mkdir()
+    (folder / "__init__.py").write_text(
+        "from searchteam.methods import register_method\n"
+        "from searchteam.methods.echo_method.team import Echo\n"
+        "register_method(Echo, position=99, recipes={'cpu': 'tiny-cpu'})\n"
+    )
+    (folder / "team.py").write_text(
+        "from searchteam.methods.naive_rag.team import NaiveRAG\n"
+        "class Echo(NaiveRAG):\n    name = 'echo_method'\n    description = 'naive RAG under another name'\n"
+    )
+    (folder / "recipes" / "tiny-cpu.yaml").write_text("# a throwaway recipe\nmethod: echo_method\n")
+    (folder / "tests" / "__init__.py").write_text("")
+    (folder / "tests" / "contract.py").write_text(
+        "from tests.contracts import FuzzTarget, check_optional_text\n"
+        "FUZZ_TARGETS = [FuzzTarget('echo.strip', str.strip, ('echo',), check_optional_text)]\n"
+        "OPTION_BRANCHES = [({'x': 1}, 'QDS')]\n"
+    )
+    monkeypatch.setattr(methods, "_REGISTRY", dict(methods._REGISTRY))
+    monkeypatch.setattr(methods, "__path__", [*methods.__path__, str(tmp_path)])
+    monkeypatch.setattr(methods, "REGISTRY", methods._load_packages())
+    try:
+        echo = methods.get_method("echo_method")
+        assert echo.folder == folder and type(get_team("echo_method")).__name__ == "Echo"
+        assert shipped_recipes()["echo_method/tiny-cpu"] == (
+            folder / "recipes" / "tiny-cpu.yaml",
+            "a throwaway recipe",
+        )
+        assert "echo.strip" in [t.name for t in fuzz_targets()]
+        assert option_branches(echo) == [({"x": 1}, "QDS")]
+    finally:
+        for name in [m for m in sys.modules if m.startswith("searchteam.methods.echo_method")]:
+            del sys.modules[name]
+
+
+def test_every_method_s_own_tests_are_collected() -> None:
+    """A method's tests sit in its folder's tests/, which the test run collects (pytest's testpaths)."""
+    import tomllib
+
+    root = PACKAGE.parent.parent.parent
+    testpaths = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"][
+        "testpaths"
+    ]
+    for method in REGISTRY.values():
+        tests = method.folder / "tests"
+        assert not tests.exists() or any(tests.is_relative_to(root / path) for path in testpaths)
+
+
 def test_shipped_recipes_are_named_by_method_model_and_device():
     recipes = shipped_recipes()
     assert {"mask/qwen0.5b-cpu", "qagent/qwen0.5b-cpu-reader", "search_r1/qwen3b-gpu"} <= set(recipes)

@@ -1,4 +1,5 @@
-"""Shared fixtures: an isolated cache directory and the real default model, loaded once per session."""
+"""Shared fixtures of every test folder (tests/ and each method's tests/): an isolated cache directory and the
+real default model, loaded once per session."""
 
 from __future__ import annotations
 
