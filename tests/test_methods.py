@@ -223,3 +223,24 @@ def test_team_options_are_typed_and_never_coerced():
     team = get_team("dac", TeamSettings(options={"abstain": False}))
     assert team.options.abstain is False and team.options.hard_positives is None
     assert REGISTRY["qagent"].team.option_names == ("mode", "max_retries", "frozen_generator")
+
+
+def test_a_record_is_written_and_read_through_its_typed_fields() -> None:
+    """The team → reward contract (`types.Record`): only the fields given are written, a field not written
+    reads as its default, and a value of the wrong type is an error rather than a silent default."""
+    from pydantic import ValidationError
+
+    from searchteam.types import Record
+
+    class Recorded(Record):
+        rounds: int | None = None
+        query: str | None = None
+
+    turn = Turn(role="planner", meta={"other": 1})
+    Recorded(query=None).write(turn)
+    assert turn.meta == {"other": 1, "query": None}
+    assert Recorded.of(turn) == Recorded()
+    Recorded(rounds=3).write(turn)
+    assert Recorded.of(turn).rounds == 3
+    with pytest.raises(ValidationError):
+        Recorded.of(Turn(role="planner", meta={"rounds": "three"}))

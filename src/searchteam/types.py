@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -153,3 +153,16 @@ class Episode(BaseModel):
             for p in r.passages:
                 seen.setdefault(p.id, p)
         return list(seen.values())
+
+
+class Record(BaseModel):
+    """What a team records on a turn or an episode (its `meta`) for its reward to read, as typed fields that
+    both sides name through the model, never as string keys. A method subclasses it with its fields and
+    defaults; `write` stores the fields it was given, `of` reads them back (defaults for any not written)."""
+
+    def write(self, item: Turn | Episode) -> None:
+        item.meta.update(self.model_dump(exclude_unset=True))
+
+    @classmethod
+    def of(cls, item: Turn | Episode) -> Self:
+        return cls.model_validate(item.meta)

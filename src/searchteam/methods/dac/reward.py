@@ -4,13 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from searchteam.methods.dac.team import (
-    ABSTAINED,
-    HARD_POSITIVE,
-    OWN_ANSWER,
-    PARTIAL_ABSTAINED,
-    PARTIAL_REWARD,
-)
+from searchteam.methods.dac.team import DacEpisodeRecord, DacTurnRecord
 from searchteam.metrics import exact_match, sufficiency
 from searchteam.rewards.base import RewardOptions, RewardSpec, clear, gold_answers, passage_texts, record
 from searchteam.types import Episode, Turn
@@ -56,32 +50,33 @@ class DacReward:
         searcher = episode.turns_of("searcher")
         last_step = max((t.step for t in searcher), default=None)
         sufficient = self._sufficient(episode, last_step)
-        abstained = bool(episode.meta.get(ABSTAINED, False))
+        abstained = DacEpisodeRecord.of(episode).abstained
         em = exact_match(episode.answer, golds)
         r_search = float(sufficient and not abstained)
         r_generate = float(bool(em) or (not sufficient and abstained))
+        records = [DacTurnRecord.of(t) for t in searcher]
         partial = self.options.difference_rewards and any(
-            PARTIAL_REWARD in t.meta or PARTIAL_ABSTAINED in t.meta for t in searcher
+            r.partial_reward is not None or r.partial_abstained is not None for r in records
         )
         previous = 0.0
-        for i, turn in enumerate(searcher):
+        for i, (turn, rec) in enumerate(zip(searcher, records, strict=True)):
             if i == len(searcher) - 1:
                 current = r_search
             elif not partial:
                 current = 0.0
-            elif PARTIAL_REWARD in turn.meta:
-                current = float(turn.meta[PARTIAL_REWARD])
-            elif PARTIAL_ABSTAINED in turn.meta:
-                current = float(self._sufficient(episode, turn.step) and not turn.meta[PARTIAL_ABSTAINED])
+            elif rec.partial_reward is not None:
+                current = rec.partial_reward
+            elif rec.partial_abstained is not None:
+                current = float(self._sufficient(episode, turn.step) and not rec.partial_abstained)
             else:
                 current = previous
             turn.reward = current - previous if partial else current
             previous = current
         generators = [t for t in episode.turns_of("generator") if not t.frozen]
-        clean = next((t for t in generators if not t.meta.get(HARD_POSITIVE)), None)
+        clean = next((t for t in generators if not DacTurnRecord.of(t).hard_positive), None)
         for turn in generators:
             turn.sft_target = None
-            if not turn.meta.get(HARD_POSITIVE):
+            if not DacTurnRecord.of(turn).hard_positive:
                 turn.reward = r_generate
                 continue
             turn.reward = exact_match(self._own_answer(turn), golds)
@@ -94,7 +89,7 @@ class DacReward:
             "searcher": r_search,
             "generator": r_generate,
             "difference_rewards": float(partial),
-            "hard_positives": float(sum(bool(t.meta.get(HARD_POSITIVE)) for t in episode.turns)),
+            "hard_positives": float(sum(DacTurnRecord.of(t).hard_positive for t in episode.turns)),
         }
         record(episode, em, terms)
 
@@ -107,8 +102,9 @@ class DacReward:
 
     @staticmethod
     def _own_answer(turn: Turn) -> str:
-        if OWN_ANSWER in turn.meta:
-            return str(turn.meta[OWN_ANSWER])
+        own = DacTurnRecord.of(turn).answer
+        if own is not None:
+            return own
         start, end = turn.completion.rfind("<answer>"), turn.completion.rfind("</answer>")
         return turn.completion[start + len("<answer>") : end] if 0 <= start < end else ""
 

@@ -60,7 +60,7 @@ from searchteam.runtime.context import Context
 from searchteam.teams.base import Team, TeamOptions, format_documents
 from searchteam.teams.parsing import capped, parse_answer, tag_pairs
 from searchteam.teams.transcript import Transcript, dedupe, information_block
-from searchteam.types import Passage, Question, Turn
+from searchteam.types import Passage, Question, Record, Turn
 
 SEARCHER_STOP = ("</search>", "<stop>")
 GENERATOR_STOP = ("</answer>",)
@@ -72,14 +72,26 @@ GENERATOR_MODEL = "generator"
 HARD_POSITIVE_POOL = 15  # Appendix B.1: "we retrieve the top-15 passages using the original question"
 HARD_POSITIVE_DISTRACTORS = 3
 
-# Meta the reward scheme (reward.py) reads. Episode: whether the generator abstained. Searcher turns:
-# whether G(Q, E≤t) abstained (PARTIAL_ABSTAINED), or R(E≤t) itself (PARTIAL_REWARD, not written here).
-# Generator turns: a hard-positive input (HARD_POSITIVE), its parsed answer and abstention.
-ABSTAINED = "abstained"
-PARTIAL_ABSTAINED = "partial_abstained"
-PARTIAL_REWARD = "partial_reward"
-HARD_POSITIVE = "hard_positive"
-OWN_ANSWER = "answer"
+HARD_POSITIVE = "hard_positive"  # the subgroup of a hard-positive generator turn
+
+
+class DacEpisodeRecord(Record):
+    """What an episode records for the reward scheme (reward.py): whether the generator abstained."""
+
+    abstained: bool = False
+
+
+class DacTurnRecord(Record):
+    """What a turn records for the reward scheme. Searcher turns: whether G(Q, E≤t) abstained
+    (`partial_abstained`), or R(E≤t) itself (`partial_reward`, not written here). Generator turns: a
+    hard-positive input (`hard_positive`), its parsed `answer` and whether it `abstained`."""
+
+    partial_abstained: bool | None = None
+    partial_reward: float | None = None
+    hard_positive: bool = False
+    answer: str | None = None
+    abstained: bool | None = None
+
 
 STOP_TAG = re.compile(r"<stop>", re.IGNORECASE)
 
@@ -137,9 +149,10 @@ class DAC(Team):
         probes = self.option("difference_rewards", ctx)
         evidence, last_search = await self._search(q, ctx, abstain, probes)  # §3.1 steps 2-4
         _, answer, abstained = await self._generate(q, evidence, abstain, ctx)  # §3.1 step 5
-        ctx.episode.meta |= {"abstention": abstain, ABSTAINED: abstained}
+        ctx.episode.meta["abstention"] = abstain
+        DacEpisodeRecord(abstained=abstained).write(ctx.episode)
         if probes and last_search is not None:
-            last_search.meta[PARTIAL_ABSTAINED] = abstained  # §3.4: the final call is G(Q, E≤T)
+            DacTurnRecord(partial_abstained=abstained).write(last_search)  # §3.4: the final call is G(Q, E≤T)
         if self.option("hard_positives", ctx) and sufficiency(
             [p.contents for p in evidence], q.golden_answers
         ):
@@ -191,7 +204,7 @@ class DAC(Team):
         turn, _, abstained = await self._generate(q, evidence, abstain, ctx)
         turn.frozen = True
         turn.meta.update(probe=True, evidence_step=search.step)
-        search.meta[PARTIAL_ABSTAINED] = abstained
+        DacTurnRecord(partial_abstained=abstained).write(search)
 
     async def _hard_positive(self, q: Question, evidence: list[Passage], abstain: bool, ctx: Context) -> None:
         """§3.3 and Appendix B.1: the generator on E′ = E ∪ E_N, three distractors from the top-15 passages
@@ -203,7 +216,7 @@ class DAC(Team):
             return
         turn, answer, abstained = await self._generate(q, evidence + distractors, abstain, ctx)
         turn.subgroup = HARD_POSITIVE
-        turn.meta.update({HARD_POSITIVE: True, OWN_ANSWER: answer, ABSTAINED: abstained})
+        DacTurnRecord(hard_positive=True, answer=answer, abstained=abstained).write(turn)
 
     async def _generate(
         self, q: Question, evidence: list[Passage], abstain: bool, ctx: Context

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import Field
 
 from searchteam.llm.base import LLM, GenerationRequest
-from searchteam.methods.decor.team import EVIDENCE, GATED_ROLES, QUERY
+from searchteam.methods.decor.team import GATED_ROLES, DecorRecord
 from searchteam.metrics import cover_exact_match, f1_score, hit, sufficiency
 from searchteam.rewards.base import (
     RewardOptions,
@@ -160,13 +160,14 @@ class DecorReward:
             docs = [p for r in episode.retrievals if r.step == turn.step for p in r.passages]
             if turn.role == "planner":
                 memory = _decor_memory(episode, turn.step)
-                stop = turn.meta.get(QUERY) is None
+                stop = DecorRecord.of(turn).query is None
                 proxy = (
                     hit(_memory_evidence(memory), golds) if stop else sufficiency(passage_texts(docs), golds)
                 )
                 fields = {"question": question, "history": _memory_text(memory)}
             elif turn.role == "filter":
-                evidence = str(turn.meta.get(EVIDENCE, turn.completion))
+                recorded = DecorRecord.of(turn).evidence
+                evidence = turn.completion if recorded is None else recorded
                 had = sufficiency(passage_texts(docs), golds)
                 proxy = bool(evidence.strip()) and (not had or bool(hit(evidence, golds)))
                 query = next((r.query for r in episode.retrievals if r.step == turn.step), "")
@@ -195,7 +196,7 @@ def _decor_memory(episode: Episode, before_step: int | None) -> list[dict[str, A
     return [
         {
             "query": next((r.query for r in episode.retrievals if r.step == t.step), None),
-            "evidence": str(t.meta.get(EVIDENCE, "")),
+            "evidence": DecorRecord.of(t).evidence or "",
         }
         for t in episode.turns
         if t.role == "filter" and (before_step is None or t.step < before_step)

@@ -50,7 +50,7 @@ from pydantic import Field
 from searchteam.runtime.context import Context
 from searchteam.teams.base import Team, TeamOptions, format_documents
 from searchteam.teams.parsing import capped, flat, has_pair, last_tag, opened_tail, untagged, without_pairs
-from searchteam.types import Message, Question, Turn
+from searchteam.types import Message, Question, Record, Turn
 
 DEFAULT_MEMORY_MAX_TOKENS = 4096
 TOKENS_PER_WORD = 4 / 3
@@ -65,9 +65,14 @@ ANSWER_STOP = ("</answer>",)
 # ~100-word documents (Appendix A.2), so it gets 384. A cut-off reply would fail the format gate.
 MAX_NEW_TOKENS = {"planner": 256, "filter": 384, "compressor": 128, "answerer": 256}
 GATED_ROLES = ("planner", "filter", "answerer")  # format-gated and judged by the reward (reward.py)
-# Turn meta the reward scheme reads: a planner's query (None for STOP) and a filter's evidence.
-QUERY = "query"
-EVIDENCE = "evidence"
+
+
+class DecorRecord(Record):
+    """What a turn records for the reward scheme (reward.py): a planner's query (None for STOP) and a
+    filter's evidence."""
+
+    query: str | None = None
+    evidence: str | None = None
 
 
 def approx_tokens(text: str) -> int:
@@ -250,7 +255,7 @@ class DECOR(Team):
         action = parse_planner(turn.completion, not memory.entries, q.question)
         if action.error:
             turn.flag_format_error(action.error)
-        turn.meta[QUERY] = action.query
+        DecorRecord(query=action.query).write(turn)
         return action
 
     async def filter(self, query: str, documents: str, ctx: Context) -> str:
@@ -259,7 +264,7 @@ class DECOR(Team):
         evidence, error = parse_tagged(turn.completion, "filter", NO_EVIDENCE)
         if error:
             turn.flag_format_error(error)
-        turn.meta[EVIDENCE] = evidence
+        DecorRecord(evidence=evidence).write(turn)
         return evidence
 
     async def compress(self, memory: Memory, ctx: Context) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from searchteam.methods.jade.team import RETRIEVALS, ROUNDS
+from searchteam.methods.jade.team import JadeRecord
 from searchteam.metrics import f1_score
 from searchteam.rewards.base import (
     Placement,
@@ -48,8 +48,13 @@ class JadeReward:
         for episode in episodes:
             clear(episode)
             f1 = f1_score(episode.answer, gold_answers(episode))
-            rounds = int(episode.meta.get(ROUNDS, len(episode.turns_of("planner"))))
-            retrievals = int(episode.meta.get(RETRIEVALS, len(episode.retrievals)))
+            recorded = JadeRecord.of(episode)
+            rounds = (
+                recorded.jade_rounds if recorded.jade_rounds is not None else len(episode.turns_of("planner"))
+            )
+            retrievals = (
+                recorded.jade_retrievals if recorded.jade_retrievals is not None else len(episode.retrievals)
+            )
             cost = opts.alpha * min(rounds / opts.cost_limit, 1.0) + opts.beta * min(
                 retrievals / opts.cost_limit, 1.0
             )

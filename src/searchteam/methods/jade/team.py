@@ -55,16 +55,21 @@ from searchteam.teams.selectors import (
     selection_fields,
     selection_tokens,
 )
-from searchteam.types import Passage, Question
+from searchteam.types import Passage, Question, Record
 
 EXECUTORS = ("QR", "QDS", "QDP", "R", "DS", "AG")
 ALIASES = {"RA": "R"}  # Table 1 calls the retriever RA, the planner prompt calls it R
 DECOMPOSERS = ("QDS", "QDP")
 FALLBACK_WORKFLOW = ("R", "AG")
 MAX_SUBQUESTIONS = 4  # Appendix E.3/E.4: "max 4"
-# Episode meta the reward scheme (reward.py) reads: T, the planning rounds, and N_ret, the retrievals (Eq. 6).
-ROUNDS = "jade_rounds"
-RETRIEVALS = "jade_retrievals"
+
+
+class JadeRecord(Record):
+    """What an episode records for the reward scheme (reward.py): T, the planning rounds, and N_ret, the
+    retrievals (Eq. 6)."""
+
+    jade_rounds: int | None = None
+    jade_retrievals: int | None = None
 
 
 @dataclass(frozen=True)
@@ -236,7 +241,7 @@ class Jade(Team):
             ctx.snapshot(
                 {"round": rounds, "target": node.id, "workflow": list(workflow), "trace": trace.as_dicts()}
             )
-        ctx.episode.meta.update({ROUNDS: rounds, RETRIEVALS: retrievals})
+        JadeRecord(jade_rounds=rounds, jade_retrievals=retrievals).write(ctx.episode)
         if self.decomposition == "given":
             ctx.episode.meta["jade_given"] = given is not None
         ctx.step = rounds

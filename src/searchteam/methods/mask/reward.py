@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from searchteam.methods.mask.team import ACTION, END_ACTION, PREDICTED_ANSWER, TURN
+from searchteam.methods.mask.team import END_ACTION, MaskRecord
 from searchteam.metrics import answer_scores, f1_score
 from searchteam.rewards.base import RewardOptions, RewardSpec, clear, gold_answers, record
 from searchteam.types import Episode, Turn
@@ -48,26 +48,27 @@ class MaskReward:
 
     @staticmethod
     def _turn_of(turn: Turn) -> int:
-        t = turn.meta.get(TURN)
-        return turn.step if t is None else int(t)
+        t = MaskRecord.of(turn).turn
+        return turn.step if t is None else t
 
     def _score(self, episode: Episode) -> None:
         clear(episode)
         golds = gold_answers(episode)
-        plan = next((t for t in episode.turns if t.role == "plan"), None)
-        a0 = str(plan.meta.get(PREDICTED_ANSWER, "")) if plan else ""
-        answers = [t for t in episode.turns if t.role == "answer"]
-        per_turn = {
-            int(t.meta[TURN]): str(t.meta.get(PREDICTED_ANSWER, ""))
-            for t in answers
-            if t.meta.get(TURN) is not None
-        }
-        final_call = next((t for t in answers if t.meta.get(TURN) is None), None)
-        final = str(final_call.meta.get(PREDICTED_ANSWER, episode.answer)) if final_call else episode.answer
+        records = [MaskRecord.of(t) for t in episode.turns]
+        plan = next((r for t, r in zip(episode.turns, records, strict=True) if t.role == "plan"), None)
+        a0 = (plan.predicted_answer if plan else None) or ""
+        answers = [r for t, r in zip(episode.turns, records, strict=True) if t.role == "answer"]
+        per_turn = {r.turn: r.predicted_answer or "" for r in answers if r.turn is not None}
+        final_call = next((r for r in answers if r.turn is None), None)
+        final = (
+            episode.answer
+            if final_call is None or final_call.predicted_answer is None
+            else final_call.predicted_answer
+        )
         iterations = [
             self._turn_of(t)
-            for t in episode.turns
-            if t.role in ("summary", "update") or (t.role == "search" and t.meta.get(ACTION) != END_ACTION)
+            for t, r in zip(episode.turns, records, strict=True)
+            if t.role in ("summary", "update") or (t.role == "search" and r.action != END_ACTION)
         ]
         last = max(iterations, default=0)
         scores = [f1_score(a0, golds)]
@@ -78,12 +79,12 @@ class MaskReward:
             else:
                 imputed += 1
                 scores.append(f1_score(final, golds) if t == last else scores[-1])
-        for turn in episode.turns:
+        for turn, rec in zip(episode.turns, records, strict=True):
             if turn.role == "plan":
                 turn.reward = scores[0]
             elif turn.role == "answer":
-                turn.reward = f1_score(str(turn.meta.get(PREDICTED_ANSWER, "")), golds)
-            elif turn.role == "search" and turn.meta.get(ACTION) == END_ACTION:
+                turn.reward = f1_score(rec.predicted_answer or "", golds)
+            elif turn.role == "search" and rec.action == END_ACTION:
                 turn.reward = 0.0
             elif turn.role in ("search", "summary", "update"):
                 t = self._turn_of(turn)

@@ -48,7 +48,7 @@ from typing import Any, Literal
 from searchteam.runtime.context import Context
 from searchteam.teams.base import Team, format_documents
 from searchteam.teams.parsing import capped, flat, last_tag, opened_tail, small_int, tag_pairs, untagged
-from searchteam.types import Message, Question, Turn
+from searchteam.types import Message, Question, Record, Turn
 
 UNKNOWN = "unknown"
 NO_EVIDENCE = "No useful information"
@@ -61,12 +61,17 @@ ANSWER_STOP = ("</predicted_answer>",)
 # default model answers with a sentence half the time, which the F1-based rewards of §3.3 score near zero.
 ANSWER_OPEN = "<predicted_answer>"
 MAX_NEW_TOKENS = {"plan": 128, "search": 32, "summary": 64, "update": 12, "answer": 24}
-# Turn meta the reward scheme (reward.py) reads: a_t of plan and answer turns, the turn t an answer call
-# evaluated (None for the final answer), and a search turn's action ("search" or END_ACTION).
-PREDICTED_ANSWER = "predicted_answer"
-TURN = "turn"
-ACTION = "action"
 END_ACTION = "end"
+
+
+class MaskRecord(Record):
+    """What a turn records for the reward scheme (reward.py): a_t of a plan or answer turn, the turn t an
+    answer call evaluated (None for the final answer), and a search turn's action ("search" or END_ACTION)."""
+
+    predicted_answer: str | None = None
+    turn: int | None = None
+    action: str | None = None
+
 
 # `<end>`, `</end>`, `<end/>`, spaces allowed; each optional slash takes its own spaces, so the pattern never
 # tries two ways to split one run of spaces (`\s*/?\s*` does, quadratic in the run).
@@ -254,7 +259,7 @@ class MASK(Team):
         plan = parse_plan(turn.completion, q.question)
         if plan.errors:
             turn.flag_format_error("; ".join(plan.errors))
-        turn.meta[PREDICTED_ANSWER] = plan.state.predicted_answer
+        MaskRecord(predicted_answer=plan.state.predicted_answer).write(turn)
         ctx.snapshot({**plan.state.as_dict(), "turn": 0})
         return plan.state
 
@@ -269,7 +274,8 @@ class MASK(Team):
         action = parse_search(turn.completion, bool(state.history), state.question)
         if not action.ok:
             turn.flag_format_error(action.error or "bad search action")
-        turn.meta.update({ACTION: END_ACTION if action.end else "search", "query": action.query})
+        MaskRecord(action=END_ACTION if action.end else "search").write(turn)
+        turn.meta["query"] = action.query
         return action
 
     async def summarize(self, query: str, documents: str, ctx: Context) -> str:
@@ -302,7 +308,8 @@ class MASK(Team):
         messages = self.chat("answer", question=state.question, trajectory=state.trajectory_text())
         call = await self._call(ctx, "answer", messages, ANSWER_STOP, continuation=ANSWER_OPEN)
         answer = self.answer_from(call, tag="predicted_answer", prefill=ANSWER_OPEN)
-        call.meta.update({TURN: turn, "final": turn is None, PREDICTED_ANSWER: answer})
+        MaskRecord(turn=turn, predicted_answer=answer).write(call)
+        call.meta["final"] = turn is None
         return answer
 
     @staticmethod

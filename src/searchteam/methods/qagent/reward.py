@@ -6,7 +6,7 @@ import re
 
 from pydantic import Field
 
-from searchteam.methods.qagent.team import AGENT_ANSWER
+from searchteam.methods.qagent.team import QAgentRecord
 from searchteam.metrics import exact_match, hit
 from searchteam.rewards.base import (
     METRICS,
@@ -37,7 +37,7 @@ class QAgentReward:
     """QAgent's two training stages (qagent.txt §3.3-3.4); rewards go on `agent` turns only.
 
     - Stage 1, end-to-end RL (Eq. 7): R = 1[every agent turn format-valid] · EM_strict(A*, Â), Â the agent's
-      own answer (`episode.meta[AGENT_ANSWER]` in submodule mode, else `episode.answer`). A submodule
+      own answer (`QAgentRecord.agent_answer` in submodule mode, else `episode.answer`). A submodule
       episode whose agent never answered scores 0 (no answer tag: the format reward fails).
     - Stage 2, generalized RL (Eq. 10): R = EM(A*, Ã) + 0.5 · Hit(τ, A*), Ã the frozen generator's answer
       (`episode.answer` of a submodule-mode episode). The paper relaxes EM to non-strict EM here; the default
@@ -56,7 +56,8 @@ class QAgentReward:
             submodule = bool(episode.turns_of("generator"))
             golds = gold_answers(episode)
             if self.options.stage == 1:
-                own = episode.meta.get(AGENT_ANSWER, "" if submodule else episode.answer)
+                recorded = QAgentRecord.of(episode).agent_answer
+                own = recorded if recorded is not None else ("" if submodule else episode.answer)
                 format_ok = bool(agent) and all(t.parsed_ok for t in agent)
                 em = exact_match(str(own), golds)
                 reward = float(format_ok) * em

@@ -48,7 +48,7 @@ from searchteam.runtime.context import Context
 from searchteam.teams.base import Team, TeamOptions, TeamSettings, format_documents
 from searchteam.teams.parsing import capped, last_tag, tag_contents
 from searchteam.teams.transcript import Transcript, dedupe, information_block
-from searchteam.types import Passage, Question
+from searchteam.types import Passage, Question, Record
 
 AGENT_STOP = ("</search>", "</answer>")
 ANSWER_STOP = ("</answer>",)
@@ -56,7 +56,13 @@ MAX_QUERIES = 3
 AGENT_TOKENS = 160
 ANSWER_TOKENS = 32
 GENERATOR_TOKENS = 48
-AGENT_ANSWER = "agent_answer"  # episode meta: the agent's own answer in submodule mode (reward.py, Eq. 7)
+
+
+class QAgentRecord(Record):
+    """What an episode records for the reward scheme (reward.py, Eq. 7): the agent's own answer in submodule
+    mode, where the frozen generator gives the episode's answer."""
+
+    agent_answer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -165,7 +171,7 @@ class QAgent(Team):
         ctx.step += 1
         if self.mode == "submodule":
             if agent_answer is not None:
-                ctx.episode.meta[AGENT_ANSWER] = agent_answer
+                QAgentRecord(agent_answer=agent_answer).write(ctx.episode)
             return await self._generate(q, found, ctx)  # line 20: Â = G(q, K)
         if agent_answer is None:
             agent_answer = await transcript.force_answer(ctx, "agent", messages, max_new_tokens=ANSWER_TOKENS)
