@@ -306,6 +306,16 @@ def test_ship_adapter_copies_a_checkpoints_role_adapters_in_fp16(tmp_path: Path)
 
     fresh = build_policy(tiny_model(tokenizer, seed=1), tokenizer, settings)
     fresh.load_initial(shipped)  # loads like `--init-from` a shipped adapter
+    assert not (shipped / "adapter.yaml").exists()  # no run config beside the checkpoint: no card
+
+    run_config = {"method": "jade", "model": "smollm2-135m", "recipe": "jade/qwen0.5b-cpu"}
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(run_config))
+    result = CliRunner().invoke(
+        app, ["ship-adapter", str(checkpoint), "tiny-team", "--into", str(shipped_root)]
+    )
+    assert result.exit_code == 0, result.output
+    card = yaml.safe_load((shipped / "adapter.yaml").read_text())
+    assert card == {"base": "smollm2-135m", "recipe": "jade/qwen0.5b-cpu", "description": ""}
 
 
 def test_ship_adapter_refuses_a_folder_without_adapters_and_a_path_as_name(tmp_path: Path):
@@ -313,3 +323,9 @@ def test_ship_adapter_refuses_a_folder_without_adapters_and_a_path_as_name(tmp_p
     assert result.exit_code == 2 and "holds no LoRA adapters" in result.stderr
     result = CliRunner().invoke(app, ["ship-adapter", str(tmp_path), "../x", "--into", str(tmp_path / "a")])
     assert result.exit_code == 2 and "plain folder name" in result.stderr
+    adapters = tmp_path / "checkpoint" / "policy" / "adapters" / "policy"
+    adapters.mkdir(parents=True)
+    (adapters / "adapter_config.json").write_text("{}")
+    (adapters / "adapter_model.safetensors").write_bytes(b"")
+    result = CliRunner().invoke(app, ["ship-adapter", str(tmp_path / "checkpoint"), "x"])
+    assert result.exit_code == 2 and "not in a run folder" in result.stderr

@@ -134,9 +134,13 @@ def test_tensorboard_missing_names_the_train_extra(monkeypatch: pytest.MonkeyPat
 def test_a_trained_adapter_missing_from_the_install_says_where_to_get_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from dataclasses import replace
+
+    import searchteam.methods  # noqa: F401  (registers the shipped adapters)
     from searchteam.llm import models
 
-    monkeypatch.setattr(models, "TRAINED_DIR", tmp_path)  # a wheel install: no adapters folder
+    name = "qwen2.5-coder-0.5b-jade"  # a wheel install: the card, not the weights
+    monkeypatch.setitem(models.TRAINED, name, replace(models.TRAINED[name], path=tmp_path / name))
     with pytest.raises(LLMError, match=r"not in this install .*\(pip install -e \.\)"):
         models.checkpoint_of("qwen2.5-coder-0.5b-jade")
     assert models.checkpoint_of("smollm2-135m") == "smollm2-135m"

@@ -59,9 +59,11 @@ def test_a_new_method_is_one_folder_whose_tests_and_declarations_the_generic_sui
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A method added as one folder (here in a temporary folder that the registry also reads) is registered
-    with its recipe, and the generic suites find what its tests/contract.py declares."""
+    with its recipe and its trained adapter, and the generic suites find what its tests/contract.py
+    declares."""
     import sys
 
+    import searchteam.llm.models as models
     import searchteam.methods as methods
     from tests.contracts import fuzz_targets, option_branches
 
@@ -84,6 +86,12 @@ def test_a_new_method_is_one_folder_whose_tests_and_declarations_the_generic_sui
         "FUZZ_TARGETS = [FuzzTarget('echo.strip', str.strip, ('echo',), check_optional_text)]\n"
         "OPTION_BRANCHES = [({'x': 1}, 'QDS')]\n"
     )
+    shipped = folder / "adapters" / "echo-adapter"
+    (shipped / "policy" / "adapters" / "policy").mkdir(parents=True)
+    (shipped / "adapter.yaml").write_text(
+        "base: smollm2-135m\nrecipe: echo_method/tiny-cpu\ndescription: echo\n"
+    )
+    monkeypatch.setattr(models, "TRAINED", dict(models.TRAINED))
     monkeypatch.setattr(methods, "_REGISTRY", dict(methods._REGISTRY))
     monkeypatch.setattr(methods, "__path__", [*methods.__path__, str(tmp_path)])
     monkeypatch.setattr(methods, "REGISTRY", methods._load_packages())
@@ -96,6 +104,9 @@ def test_a_new_method_is_one_folder_whose_tests_and_declarations_the_generic_sui
         )
         assert "echo.strip" in [t.name for t in fuzz_targets()]
         assert option_branches(echo) == [({"x": 1}, "QDS")]
+        adapter = models.TRAINED["echo-adapter"]
+        assert (adapter.method, adapter.base, adapter.description) == ("echo_method", "smollm2-135m", "echo")
+        assert models.checkpoint_of("echo-adapter") == str(shipped)
     finally:
         for name in [m for m in sys.modules if m.startswith("searchteam.methods.echo_method")]:
             del sys.modules[name]

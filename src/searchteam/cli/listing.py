@@ -33,16 +33,20 @@ def ship_adapter(
     ],
     name: Annotated[str, typer.Argument(help="The name it is selected by (--model NAME).")],
     into: Annotated[
-        Path | None, typer.Option(help="Folder to write it under (default: the package's adapters/).")
+        Path | None,
+        typer.Option(help="Folder to write it under (default: the adapters/ folder of the run's method)."),
     ] = None,
 ) -> None:
-    """Copy a training checkpoint's LoRA adapters (fp16) into the package as a named trained adapter;
-    register the name in searchteam.llm.models.TRAINED to select it with --model."""
+    """Copy a training checkpoint's LoRA adapters (fp16) into the package as a named trained adapter, with
+    its card (adapter.yaml) from the run's config: --model NAME selects it."""
+    from searchteam.llm.models import ADAPTER_CARD
     from searchteam.ship import ship
 
     with user_errors():
-        target = ship(checkpoint, name, into) if into else ship(checkpoint, name)
+        target = ship(checkpoint, name, into)
     console.print(f"[green]shipped:[/] {target}")
+    if (target / ADAPTER_CARD).is_file():
+        console.print(f"describe it in {target / ADAPTER_CARD} (`searchteam models` shows the description)")
 
 
 @app.command()

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from searchteam.cache import cache_dir, ensure_cache, write_manifest
 from searchteam.errors import LLMError
 from searchteam.files import temp_entry
@@ -58,14 +60,15 @@ PRESETS: dict[str, GGUFPreset] = {
 }
 
 
-TRAINED_DIR = Path(__file__).resolve().parent.parent / "adapters"
+ADAPTER_CARD = "adapter.yaml"
 
 
 @dataclass(frozen=True)
 class TrainedAdapter:
-    """LoRA adapters trained by searchteam on a preset, shipped in the repository (not the wheel) as a
-    checkpoint folder (`policy/adapters/ROLE`) that every backend loads like a `searchteam train`
-    checkpoint. The model card (command, data, wall time, dev results) is in docs/models.md."""
+    """LoRA adapters trained by searchteam on a preset, shipped in their method's folder
+    (`methods/METHOD/adapters/NAME/`) as a checkpoint folder (`policy/adapters/ROLE`) that every backend loads
+    like a `searchteam train` checkpoint, with its card (`adapter.yaml`: base, recipe, description, run
+    settings). The model card (command, data, wall time, results) is in the method's README."""
 
     name: str
     method: str
@@ -73,65 +76,39 @@ class TrainedAdapter:
     recipe: str  # the shipped recipe of its last stage (`searchteam train --config RECIPE`)
     description: str
     # run config fields it was trained with, used when its method runs it and a run leaves them unset
-    # (dicts merge key by key, the run's keys winning): e.g. QAgent's submodule mode and frozen generator
+    # (dicts merge key by key, the run's keys winning): e.g. QAgent's agent token limit
     run_settings: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def path(self) -> Path:
-        return TRAINED_DIR / self.name
+    path: Path = Path()  # its checkpoint folder
 
 
-TRAINED: dict[str, TrainedAdapter] = {
-    "qwen2.5-coder-0.5b-dac": TrainedAdapter(
-        name="qwen2.5-coder-0.5b-dac",
-        method="dac",
-        base="qwen2.5-coder-0.5b",
-        recipe="dac/qwen0.5b-cpu-ei-r2",
-        description="DAC's searcher and generator, one LoRA adapter each: 2 rounds of expert iteration "
-        "(dac/qwen0.5b-cpu-ei, then dac/qwen0.5b-cpu-ei-r2)",
-    ),
-    "qwen2.5-coder-0.5b-jade": TrainedAdapter(
-        name="qwen2.5-coder-0.5b-jade",
-        method="jade",
-        base="qwen2.5-coder-0.5b",
-        recipe="jade/qwen0.5b-cpu-reader",
-        description="JADE's shared planner/executor policy: warm start + 6 GRPO steps (jade/qwen0.5b-cpu), "
-        "then expert iteration on the answer generator (jade/qwen0.5b-cpu-reader)",
-    ),
-    "qwen2.5-coder-0.5b-mask": TrainedAdapter(
-        name="qwen2.5-coder-0.5b-mask",
-        method="mask",
-        base="qwen2.5-coder-0.5b",
-        recipe="mask/qwen0.5b-cpu",
-        description="M-ASK's five agents, one shared policy: the warm start of mask/qwen0.5b-cpu",
-    ),
-    "qwen2.5-coder-0.5b-naive_rag": TrainedAdapter(
-        name="qwen2.5-coder-0.5b-naive_rag",
-        method="naive_rag",
-        base="qwen2.5-coder-0.5b",
-        recipe="naive_rag/qwen0.5b-cpu",
-        description="naive RAG's reader: one round of expert iteration on its answers over the top-5 "
-        "passages (naive_rag/qwen0.5b-cpu)",
-    ),
-    "qwen2.5-coder-0.5b-qagent": TrainedAdapter(
-        name="qwen2.5-coder-0.5b-qagent",
-        method="qagent",
-        base="qwen2.5-coder-0.5b",
-        recipe="qagent/qwen0.5b-cpu-r2",
-        description="QAgent's search agent end to end (it plans, searches, reflects and answers): 2 rounds "
-        "of expert iteration (qagent/qwen0.5b-cpu, then qagent/qwen0.5b-cpu-r2)",
-        # room for the reflection it writes after the passages, as in training
-        run_settings={"max_new_tokens_per_role": {"agent": 256}},
-    ),
-    "qwen2.5-coder-0.5b-search_r1": TrainedAdapter(
-        name="qwen2.5-coder-0.5b-search_r1",
-        method="search_r1",
-        base="qwen2.5-coder-0.5b",
-        recipe="search_r1/qwen0.5b-cpu",
-        description="the monolithic Search-R1 agent: one round of expert iteration, then 24 GRPO steps on EM "
-        "(search_r1/qwen0.5b-cpu)",
-    ),
-}
+# Every shipped adapter by name; the method registry (`searchteam.methods`) registers those in each
+# method's folder as it loads, so import it before looking a name up here.
+TRAINED: dict[str, TrainedAdapter] = {}
+
+
+def register_adapter(folder: Path, method: str) -> TrainedAdapter:
+    """Register the adapter shipped in `folder` (named by the folder, described by its `adapter.yaml`) as a
+    trained adapter of `method`."""
+    card_path = folder / ADAPTER_CARD
+    try:
+        card = yaml.safe_load(card_path.read_text(encoding="utf-8")) or {}
+        adapter = TrainedAdapter(
+            name=folder.name,
+            method=method,
+            base=str(card["base"]),
+            recipe=str(card["recipe"]),
+            description=str(card.get("description", "")),
+            run_settings=dict(card.get("run_settings") or {}),
+            path=folder,
+        )
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{card_path}: not an adapter card (base, recipe, description): {exc}") from None
+    if adapter.name in TRAINED:
+        raise ValueError(
+            f"adapter '{adapter.name}' is shipped twice: {TRAINED[adapter.name].path} and {folder}"
+        )
+    TRAINED[adapter.name] = adapter
+    return adapter
 
 
 def checkpoint_of(name: str) -> str:
@@ -140,7 +117,7 @@ def checkpoint_of(name: str) -> str:
     trained = TRAINED.get(name)
     if trained is None:
         return name
-    if not trained.path.is_dir():
+    if not (trained.path / "policy").is_dir():
         raise LLMError(
             f"{name}: the trained adapters are not in this install (the wheel leaves them out); install "
             f"searchteam from its repository (pip install -e .) to load them, or pass a checkpoint folder"

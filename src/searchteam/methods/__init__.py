@@ -1,6 +1,7 @@
 """The methods, one package per paper: `methods/<name>/` holds its team (`team.py`), prompts
-(`prompts.yaml`), reward scheme (`reward.py`, where the paper has one) and shipped training recipes
-(`recipes/*.yaml`); its `__init__.py` calls `register_method` once.
+(`prompts.yaml`), reward scheme (`reward.py`, where the paper has one), shipped training recipes
+(`recipes/*.yaml`), trained adapters (`adapters/NAME/`, each with its `adapter.yaml` card) and its own tests
+(`tests/`); its `__init__.py` calls `register_method` once.
 
 This module is the one registry: it imports every package in this folder, so adding a method means adding
 one folder. What generic code needs of a method (the team, the reward scheme and its options, its shipped
@@ -22,6 +23,7 @@ from pydantic import ValidationError
 
 from searchteam.errors import ConfigError, UnknownMethodError, did_you_mean
 from searchteam.llm.base import LLM
+from searchteam.llm.models import ADAPTER_CARD, register_adapter
 from searchteam.rewards.base import RewardScheme, RewardSpec
 from searchteam.teams.base import Team, TeamSettings
 
@@ -85,6 +87,8 @@ def register_method(
         if path is None or not path.is_file():
             raise ValueError(f"method '{team.name}' names the {kind} recipe {path}, which does not exist")
     _REGISTRY[team.name] = method
+    for card in sorted(folder.glob(f"adapters/*/{ADAPTER_CARD}")):  # the trained adapters it ships
+        register_adapter(card.parent, team.name)
     return method
 
 
