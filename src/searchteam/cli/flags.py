@@ -16,8 +16,6 @@ import typer
 from searchteam.auth import API_KEY_ENV
 from searchteam.config import RunConfig, parse_settings
 
-# The flags shared by the commands that run a team (`RUN_FLAGS`) and by those that run it on a question set
-# (`QUESTION_FLAGS`): defined once here, given to a command by `@shared_flags(...)`, read as `RunFlags`.
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", help="YAML file (or shipped recipe name) with any config fields.")
 ]
