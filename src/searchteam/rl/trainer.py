@@ -23,8 +23,8 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 
+import searchteam.rl.warm_start as ws
 from searchteam import tracking
-from searchteam.rl import warm_start as ws
 from searchteam.rl.advantages import informative_mask
 from searchteam.rl.checkpoints import (
     checkpoint_dir,

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 
+import searchteam.rl.warm_start as ws
 from searchteam.files import atomic_dir
 from searchteam.progress import progress_bar
-from searchteam.rl import warm_start as ws
 from searchteam.rl.config import WARM_START, TrainConfig
 from searchteam.rl.distributed import mean_over_ranks
 from searchteam.rl.run_log import RunLog, truncate_jsonl
