@@ -73,7 +73,7 @@ def test_a_new_method_is_one_folder_whose_tests_and_declarations_the_generic_sui
     (folder / "__init__.py").write_text(
         "from searchteam.methods import register_method\n"
         "from searchteam.methods.echo_method.team import Echo\n"
-        "register_method(Echo, position=99, recipes={'cpu': 'tiny-cpu'})\n"
+        "register_method(Echo, recipes={'cpu': 'tiny-cpu'})\n"
     )
     (folder / "team.py").write_text(
         "from searchteam.methods.naive_rag.team import NaiveRAG\n"
@@ -98,6 +98,7 @@ def test_a_new_method_is_one_folder_whose_tests_and_declarations_the_generic_sui
     try:
         echo = methods.get_method("echo_method")
         assert echo.folder == folder and type(get_team("echo_method")).__name__ == "Echo"
+        assert list(methods.REGISTRY)[-1] == "echo_method"  # no position given: listed after the shipped ones
         assert shipped_recipes()["echo_method/tiny-cpu"] == (
             folder / "recipes" / "tiny-cpu.yaml",
             "a throwaway recipe",

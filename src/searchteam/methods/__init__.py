@@ -34,7 +34,8 @@ TrainingModels = Callable[[Any], dict[str, str]]  # a training run config → it
 
 @dataclass(frozen=True)
 class Method:
-    """One registered method. `position` orders listings (the baselines first, then by paper);
+    """One registered method. `position` orders listings (the baselines first, then by paper; a method
+    that gives none comes after them, by name);
     `recipes` names the recipe a run without `--config` starts from, per device kind (`cpu`, `gpu`);
     `training_models` adds the extra models a training run needs (QAgent stage 2's frozen generator)."""
 
@@ -58,12 +59,13 @@ class Method:
 
 
 _REGISTRY: dict[str, Method] = {}
+LAST = 1_000  # the position of a method that gives none: after the shipped ones
 
 
 def register_method(
     team: type[Team],
     *,
-    position: int,
+    position: int = LAST,
     reward: RewardSpec | None = None,
     recipes: Mapping[str, str] | None = None,
     training_models: TrainingModels | None = None,
