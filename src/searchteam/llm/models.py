@@ -113,7 +113,8 @@ def register_adapter(folder: Path, method: str) -> TrainedAdapter:
 
 def checkpoint_of(name: str) -> str:
     """The shipped checkpoint folder of a trained adapter's name; any other name unchanged. The adapters
-    are left out of the wheel (44 MB): an install from the repository reads them from the checkout."""
+    are left out of the wheel (pyproject.toml): an install from the repository reads them from the
+    checkout."""
     trained = TRAINED.get(name)
     if trained is None:
         return name
