@@ -9,7 +9,7 @@ same path, one call per role:
    `options["max_queries"]`, default 4).
 2. retrieve top-k passages for every query; the union (first-seen order, no duplicates) is the candidate set.
 3. `ds`  selects the helpful candidates by id (`<id>0, 2</id>`, ids 0..n-1 as numbered in its prompt).
-4. `ag`  answers from the selected documents (`<answer>…</answer>`).
+4. `ag`  answers from the selected documents (`<answer>…</answer>`; the reply is prefilled with `<answer>`).
 
 Fallbacks (each flags a format error on the turn, never raises):
 - `qr` without any `<query>` tag: the original question is the only query; queries beyond the cap are dropped.
@@ -27,6 +27,7 @@ import asyncio
 from pydantic import Field
 
 from searchteam.runtime.context import Context
+from searchteam.teams.answering import ANSWER_OPEN
 from searchteam.teams.base import Team, TeamOptions
 from searchteam.teams.selectors import (
     ANSWER_STOP,
@@ -69,14 +70,15 @@ class StaticPipeline(Team):
             max_new_tokens=selection_tokens(len(candidates)),
         )
         selected = apply_selection(ds, candidates)
-        # Answer Generator: answer from the selected documents only.
+        # Answer Generator: answer from the selected documents only, its reply opened with <answer>.
         ag = await ctx.llm(
             "ag",
             self.chat("ag", question=q.question, documents=numbered_documents(selected)),
             stop=ANSWER_STOP,
             max_new_tokens=48,
+            continuation=ANSWER_OPEN,
         )
-        answer = self.answer_from(ag)
+        answer = self.answer_from(ag, prefill=ANSWER_OPEN)
         ctx.snapshot(
             {
                 "queries": queries,

@@ -40,6 +40,13 @@ async def test_fixed_order_rewrite_retrieve_select_generate():
     assert ep.states[0]["selected"] == ["1"] and ep.states[0]["candidates"] == ["1", "2"]
 
 
+async def test_the_generator_has_no_example_and_its_reply_is_opened_with_the_answer_tag():
+    ep = await run_one(["<query>Thomas Mann German</query>", "<id>0</id>", "Thomas Mann</answer>"])
+    ag = ep.turns_of("ag")[0]
+    assert [m["role"] for m in ag.messages] == ["system", "user"] and ag.continuation == "<answer>"
+    assert ag.parsed_ok and ep.answer == "Thomas Mann"
+
+
 async def test_out_of_range_ids_are_flagged_and_valid_ones_kept():
     ep = await run_one(["<query>Thomas Mann German</query>", "<id>7, 0</id>", "<answer>Thomas Mann</answer>"])
     ds = ep.turns_of("ds")[0]
