@@ -1,4 +1,4 @@
-"""The single answer call of the one-call baselines (direct answering and naive RAG)."""
+"""The answer call prefilled with `<answer>`: direct answering's, naive RAG's and the static pipeline's."""
 
 from __future__ import annotations
 
@@ -12,7 +12,19 @@ ANSWER_STOP = ("</answer>",)
 ANSWER_OPEN = "<answer>"
 
 
-async def answer_call(ctx: Context, team: Team, **fields: str) -> str:
-    """One `answer` call with the team's prompt filled with `fields`; the parsed answer."""
-    turn = await ctx.llm("answer", team.chat(**fields), stop=ANSWER_STOP, continuation=ANSWER_OPEN)
+async def answer_call(
+    ctx: Context,
+    team: Team,
+    *,
+    role: str = "answer",
+    prompt: str = "",
+    max_new_tokens: int | None = None,
+    **fields: str,
+) -> str:
+    """One call as `role` with the team's `prompt` filled with `fields`, its reply opened with `<answer>`;
+    the parsed answer."""
+    messages = team.chat(prompt, **fields)
+    turn = await ctx.llm(
+        role, messages, stop=ANSWER_STOP, max_new_tokens=max_new_tokens, continuation=ANSWER_OPEN
+    )
     return team.answer_from(turn, prefill=ANSWER_OPEN)

@@ -27,10 +27,9 @@ import asyncio
 from pydantic import Field
 
 from searchteam.runtime.context import Context
-from searchteam.teams.answering import ANSWER_OPEN
+from searchteam.teams.answering import answer_call
 from searchteam.teams.base import Team, TeamOptions
 from searchteam.teams.selectors import (
-    ANSWER_STOP,
     ID_STOP,
     apply_selection,
     merge_passages,
@@ -71,14 +70,15 @@ class StaticPipeline(Team):
         )
         selected = apply_selection(ds, candidates)
         # Answer Generator: answer from the selected documents only, its reply opened with <answer>.
-        ag = await ctx.llm(
-            "ag",
-            self.chat("ag", question=q.question, documents=numbered_documents(selected)),
-            stop=ANSWER_STOP,
+        answer = await answer_call(
+            ctx,
+            self,
+            role="ag",
+            prompt="ag",
             max_new_tokens=48,
-            continuation=ANSWER_OPEN,
+            question=q.question,
+            documents=numbered_documents(selected),
         )
-        answer = self.answer_from(ag, prefill=ANSWER_OPEN)
         ctx.snapshot(
             {
                 "queries": queries,
