@@ -1,0 +1,81 @@
+"""Replay the static pipeline's answer call (`ag`) of a finished eval run with another answer prompt.
+
+Greedy decoding makes the rewriter's and selector's calls, and so the documents the generator sees,
+the same whatever its prompt; only the generator's call is rerun, with the question and the selected
+documents of each recorded `ag` turn put into a candidate prompt. For choosing a prompt cheaply (one
+call a question instead of three); a chosen prompt is then reported with a real `searchteam eval`.
+
+    python experiments/replay_answer_prompt.py RUN CANDIDATES.yaml NAME OUT.jsonl [--limit N]
+
+CANDIDATES.yaml maps a name to `{system, user}` (the user text has `{question}` and `{documents}`).
+Rows are appended to OUT.jsonl as they finish; a rerun skips the ids already there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import yaml
+
+from searchteam.llm import GenerationRequest, SamplingParams, build_llm
+from searchteam.metrics import exact_match, f1_score
+from searchteam.teams.parsing import parse_answer
+
+OPEN, CLOSE = "<answer>", "</answer>"
+BATCH = 8
+
+
+def recorded_inputs(row: dict) -> tuple[str, str]:
+    """The question and the numbered documents of the row's answer call."""
+    ag = next(t for t in row["turns"] if t["role"] == "ag")
+    user = ag["messages"][-1]["content"]
+    body = user.split("\n\n", 1)[1]
+    return row["question"], body.rsplit("\n\nNow,", 1)[0]
+
+
+def request(prompt: dict, question: str, documents: str) -> GenerationRequest:
+    messages = [
+        {"role": "system", "content": prompt["system"].strip()},
+        {"role": "user", "content": prompt["user"].format(question=question, documents=documents).strip()},
+    ]
+    sampling = SamplingParams(max_new_tokens=48, temperature=0.0, stop=(CLOSE,))
+    return GenerationRequest(messages=messages, sampling=sampling, continuation=OPEN, role="ag")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("run", type=Path)
+    parser.add_argument("candidates", type=Path)
+    parser.add_argument("name")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--limit", type=int)
+    args = parser.parse_args()
+    prompt = yaml.safe_load(args.candidates.read_text())[args.name]
+    rows = [json.loads(line) for line in (args.run / "results.jsonl").open()][: args.limit]
+    done = {json.loads(line)["id"] for line in args.out.open()} if args.out.exists() else set()
+    todo = [r for r in rows if r["id"] not in done]
+    llm = build_llm("qwen2.5-coder-0.5b")
+    for start in range(0, len(todo), BATCH):
+        batch = todo[start : start + BATCH]
+        completions = llm.generate([request(prompt, *recorded_inputs(r)) for r in batch])
+        with args.out.open("a") as out:
+            for row, completion in zip(batch, completions, strict=True):
+                parsed = parse_answer(OPEN + completion.text)
+                answer = parsed.value
+                result = {
+                    "id": row["id"],
+                    "prediction": answer,
+                    "format_ok": parsed.ok,
+                    "f1": f1_score(answer, row["golden_answers"]),
+                    "em": exact_match(answer, row["golden_answers"]),
+                    "recorded_prediction": row["prediction"],
+                    "recorded_f1": row["f1"],
+                }
+                out.write(json.dumps(result) + "\n")
+        print(f"{start + len(batch)}/{len(todo)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
