@@ -28,11 +28,17 @@ BATCH = 8
 
 
 def recorded_inputs(row: dict) -> tuple[str, str]:
-    """The question and the numbered documents of the row's answer call."""
+    """The question and the numbered documents of the row's answer call (documents before or after the
+    question line)."""
     ag = next(t for t in row["turns"] if t["role"] == "ag")
     user = ag["messages"][-1]["content"]
-    body = user.split("\n\n", 1)[1]
-    return row["question"], body.rsplit("\n\nNow,", 1)[0]
+    start = user.find("Document0 (")
+    if start < 0:
+        return row["question"], ""
+    documents = user[start:]
+    for end in ("\n\nQuestion:", "\n\nNow,"):
+        documents = documents.split(end, 1)[0]
+    return row["question"], documents
 
 
 def request(prompt: dict, question: str, documents: str) -> GenerationRequest:
