@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from statistics import mean
 
 import yaml
 
@@ -62,7 +63,8 @@ def main() -> None:
     rows = [json.loads(line) for line in (args.run / "results.jsonl").open()][: args.limit]
     done = {json.loads(line)["id"] for line in args.out.open()} if args.out.exists() else set()
     todo = [r for r in rows if r["id"] not in done]
-    llm = build_llm("qwen2.5-coder-0.5b")
+    config = yaml.safe_load((args.run / "config.yaml").read_text())
+    llm = build_llm(config["model"], backend=config["backend"], ov_precision=config["ov_precision"])
     for start in range(0, len(todo), BATCH):
         batch = todo[start : start + BATCH]
         completions = llm.generate([request(prompt, *recorded_inputs(r)) for r in batch])
@@ -81,6 +83,11 @@ def main() -> None:
                 }
                 out.write(json.dumps(result) + "\n")
         print(f"{start + len(batch)}/{len(todo)}", flush=True)
+    replayed = [json.loads(line) for line in args.out.open()]
+    print(
+        f"F1 {mean(r['f1'] for r in replayed):.3f} replayed, {mean(r['recorded_f1'] for r in replayed):.3f} "
+        f"recorded, on {len(replayed)} questions"
+    )
 
 
 if __name__ == "__main__":
