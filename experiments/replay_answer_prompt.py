@@ -20,11 +20,15 @@ from statistics import mean
 
 import yaml
 
+from searchteam.config import RunConfig
+from searchteam.factory import build_team
 from searchteam.llm import GenerationRequest, SamplingParams, build_llm
+from searchteam.methods.static_pipeline.team import ANSWER_TOKENS
 from searchteam.metrics import exact_match, f1_score
-from searchteam.teams.parsing import parse_answer
+from searchteam.teams.answering import ANSWER_OPEN, ANSWER_STOP
+from searchteam.teams.base import Team
+from searchteam.types import Turn
 
-OPEN, CLOSE = "<answer>", "</answer>"
 BATCH = 8
 
 
@@ -42,13 +46,19 @@ def recorded_inputs(row: dict) -> tuple[str, str]:
     return row["question"], documents
 
 
-def request(prompt: dict, question: str, documents: str) -> GenerationRequest:
-    messages = [
-        {"role": "system", "content": prompt["system"].strip()},
-        {"role": "user", "content": prompt["user"].format(question=question, documents=documents).strip()},
-    ]
-    sampling = SamplingParams(max_new_tokens=48, temperature=0.0, stop=(CLOSE,))
-    return GenerationRequest(messages=messages, sampling=sampling, continuation=OPEN, role="ag")
+def pipeline_with_answer_prompt(prompt: dict | None = None) -> Team:
+    """The static pipeline, its `ag` prompt replaced by `prompt` (`{system, user}`) when given."""
+    team = build_team(RunConfig(method="static_pipeline"))
+    if prompt is not None:
+        team.prompts = {**team.prompts, "ag": prompt}
+    return team
+
+
+def request(team: Team, question: str, documents: str) -> GenerationRequest:
+    """The team's answer call, greedy, as `StaticPipeline.run` makes it."""
+    sampling = SamplingParams(max_new_tokens=ANSWER_TOKENS, temperature=0.0, stop=ANSWER_STOP)
+    messages = team.chat("ag", question=question, documents=documents)
+    return GenerationRequest(messages=messages, sampling=sampling, continuation=ANSWER_OPEN, role="ag")
 
 
 def main() -> None:
@@ -59,7 +69,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--limit", type=int)
     args = parser.parse_args()
-    prompt = yaml.safe_load(args.candidates.read_text())[args.name]
+    team = pipeline_with_answer_prompt(yaml.safe_load(args.candidates.read_text())[args.name])
     rows = [json.loads(line) for line in (args.run / "results.jsonl").open()][: args.limit]
     done = {json.loads(line)["id"] for line in args.out.open()} if args.out.exists() else set()
     todo = [r for r in rows if r["id"] not in done]
@@ -67,15 +77,15 @@ def main() -> None:
     llm = build_llm(config["model"], backend=config["backend"], ov_precision=config["ov_precision"])
     for start in range(0, len(todo), BATCH):
         batch = todo[start : start + BATCH]
-        completions = llm.generate([request(prompt, *recorded_inputs(r)) for r in batch])
+        completions = llm.generate([request(team, *recorded_inputs(r)) for r in batch])
         with args.out.open("a") as out:
             for row, completion in zip(batch, completions, strict=True):
-                parsed = parse_answer(OPEN + completion.text)
-                answer = parsed.value
+                turn = Turn(role="ag", completion=completion.text)
+                answer = Team.answer_from(turn, prefill=ANSWER_OPEN)
                 result = {
                     "id": row["id"],
                     "prediction": answer,
-                    "format_ok": parsed.ok,
+                    "format_ok": turn.parsed_ok,
                     "f1": f1_score(answer, row["golden_answers"]),
                     "em": exact_match(answer, row["golden_answers"]),
                     "recorded_prediction": row["prediction"],

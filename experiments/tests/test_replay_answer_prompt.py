@@ -3,12 +3,6 @@
 import importlib.util
 from pathlib import Path
 
-import yaml
-
-from searchteam.config import RunConfig
-from searchteam.factory import build_team
-from searchteam.methods import static_pipeline
-
 SCRIPT = Path(__file__).resolve().parent.parent / "replay_answer_prompt.py"
 spec = importlib.util.spec_from_file_location("replay_answer_prompt", SCRIPT)
 replay = importlib.util.module_from_spec(spec)
@@ -26,16 +20,16 @@ def recorded_row(messages: list[dict]) -> dict:
 
 
 def test_the_shipped_answer_prompt_replays_to_the_same_messages():
-    team = build_team(RunConfig(method="static_pipeline"))
+    team = replay.pipeline_with_answer_prompt()
     messages = team.chat("ag", question=QUESTION, documents=DOCUMENTS)
-    prompts = yaml.safe_load((Path(static_pipeline.__file__).parent / "prompts.yaml").read_text())
     inputs = replay.recorded_inputs(recorded_row(messages))
     assert inputs == (QUESTION, DOCUMENTS)
-    request = replay.request(prompts["ag"], *inputs)
+    request = replay.request(team, *inputs)
     assert request.messages == messages and request.continuation == "<answer>"
 
 
 def test_documents_after_the_question_are_found_too():
     prompt = {"system": "Answer.", "user": "Question: {question}\n\n{documents}\n\nNow, answer."}
-    messages = replay.request(prompt, QUESTION, DOCUMENTS).messages
+    messages = replay.request(replay.pipeline_with_answer_prompt(prompt), QUESTION, DOCUMENTS).messages
+    assert messages[-1]["content"].startswith("Question:")
     assert replay.recorded_inputs(recorded_row(messages)) == (QUESTION, DOCUMENTS)

@@ -41,6 +41,7 @@ from searchteam.teams.selectors import (
 from searchteam.types import Question
 
 MAX_QUERIES = 4
+ANSWER_TOKENS = 48  # the generator's cap: a few words and the closing tag
 
 
 class StaticPipeline(Team):
@@ -75,7 +76,7 @@ class StaticPipeline(Team):
             self,
             role="ag",
             prompt="ag",
-            max_new_tokens=48,
+            max_new_tokens=ANSWER_TOKENS,
             question=q.question,
             documents=numbered_documents(selected),
         )
