@@ -61,6 +61,12 @@ class EngineStalled(LLMError):
     """The engine stopped making progress; its thread cannot be interrupted, so the backend is unusable."""
 
 
+class FrameworkFault(LLMError):
+    """Another RL framework's server failed a request (a dead actor, a dropped connection, a prompt past its
+    context): the rollout is aborted as the framework's own agent loops abort one, never trained as an
+    episode."""
+
+
 class RetrievalError(SearchTeamError, RuntimeError):
     """A retriever that cannot serve (missing corpus, unreachable server, bad configuration)."""
 

@@ -1,12 +1,13 @@
 """A searchteam team as the environment of another RL framework (verl, SkyRL): the framework's inference
 server generates token-in, token-out; the team runs its episode over searchteam's retriever; the method's
 reward scheme scores it; and the episode becomes one training sample per trained turn, the step-wise samples
-searchteam's own trainer uses (`rl.experience.samples_from_episodes`).
+searchteam's own trainer uses (`rl.experience.samples_from_episodes`). Each sample's row carries what
+`integrations.credit` needs to give it the papers' credit inside the framework's trainer.
 
 Everything here is framework-free; `integrations.verl` and `integrations.skyrl` adapt it to each framework's
-classes. What does not carry over: those frameworks serve and train one model, so a run with extra models
-(QAgent's frozen generator, DECOR's judge) is refused, and they compute one advantage per episode, so
-per-turn rewards travel along as data but do not steer their update.
+classes. What cannot carry over is refused when the environment is built: a second model (QAgent's frozen
+generator, DECOR's judge), one LoRA per role, a warm start (`refuse_what_frameworks_cannot_train`). A failed
+request of the framework's server aborts the rollout (`FrameworkFault`); it is never trained as an episode.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from searchteam.errors import ConfigError
+from searchteam.errors import ConfigError, FrameworkFault
 from searchteam.factory import build_run_retriever, build_sampling, build_team, load_run_config
 from searchteam.llm.base import (
     Completion,
@@ -64,7 +65,13 @@ class TokenServerLLM:
 
     async def agenerate(self, request: GenerationRequest) -> Completion:
         prompt = render_prompt_ids(self.tokenizer, request)
-        ids, logprobs = await self._generate(prompt, request.sampling)
+        try:
+            ids, logprobs = await self._generate(prompt, request.sampling)
+        except Exception as exc:  # the framework's own: a dead actor, a dropped connection, a rejected prompt
+            raise FrameworkFault(
+                f"{self.name}'s server failed a request of {len(prompt)} prompt tokens: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         kept, text, stopped = cut_completion(list(ids), self._eos, request.sampling.stop, self._decode)
         return Completion(
             text=text,
@@ -94,6 +101,7 @@ class TeamEnvironment:
     @classmethod
     def from_config(cls, config: TrainRunConfig) -> TeamEnvironment:
         refuse_extra_models(config)
+        refuse_what_frameworks_cannot_train(config)
         team = build_team(config)
         return cls(
             config=config,
@@ -127,12 +135,16 @@ class TeamEnvironment:
             dataset=str(extra_info.get("dataset", "custom")),
         )
 
-    async def play(self, question: Question, llm: TokenServerLLM, group: str = "") -> Episode:
-        """One scored episode: the team answers through `llm`, then the method's reward scheme rewards it."""
+    async def play(
+        self, question: Question, llm: TokenServerLLM, group: str = "", training: bool = True
+    ) -> Episode:
+        """One scored episode: the team answers through `llm`, then the method's reward scheme rewards it.
+        `training=False` plays it as `searchteam eval` does (a framework's validation): no training-only
+        calls, probes or truncation. A failed server request raises `FrameworkFault`."""
         backends = make_backends({"policy": llm}, self.retriever)
         try:
             episode = await run_episode(
-                self.team.solve, self.method, question, backends, self.sampling, llm.name, training=True
+                self.team.solve, self.method, question, backends, self.sampling, llm.name, training=training
             )
         finally:
             for frontend in [*backends.llms.values(), backends.search]:
@@ -180,6 +192,27 @@ def refuse_extra_models(config: TrainRunConfig) -> None:
         )
 
 
+def refuse_what_frameworks_cannot_train(config: TrainRunConfig) -> None:
+    """One line for the first setting that verl and SkyRL, which train one model (one LoRA adapter at most)
+    and one separate value model, cannot carry out, naming `searchteam train`, which can. Dropped silently,
+    each would train something other than what the config says."""
+    train = config.train
+    critic_head = train.uses_critic and "critic" in train.model_fields_set and train.critic == "head"
+    unsupported = [
+        (train.lora_per_role, "train.lora_per_role", "one LoRA adapter per role (they train one)"),
+        (train.sft_coef > 0, "train.sft_coef", "an SFT loss on recorded pseudo-targets (DAC Eq. 8)"),
+        (critic_head, "train.critic: head", "a value head on the policy (their critic is a separate model)"),
+        (config.warm_start is not None, "warm_start", "a warm start before RL"),
+        (config.init_from is not None, "init_from", "from a searchteam checkpoint"),
+    ]
+    for refused, setting, what in unsupported:
+        if refused:
+            raise ConfigError(
+                f"{setting}: verl and SkyRL cannot train {what}; train this config with `searchteam train`, "
+                "or leave the setting out"
+            )
+
+
 def server_request(
     params: Mapping[str, Any], sampling: SamplingParams, max_tokens: int | None = None
 ) -> dict[str, Any]:
@@ -191,12 +224,31 @@ def server_request(
     return request
 
 
-def engine_logprobs(sample: Sample) -> list[float] | None:
-    """The engine's logprob of each completion token, 0 where it gave none (retrieved text inside a merged
-    trajectory, which its 0 mask keeps out of the loss); None when the engine returned no logprobs."""
-    if sample.rollout_logprobs is None:
-        return None
-    return [0.0 if math.isnan(x) else x for x in sample.rollout_logprobs]
+def recorded_logprobs(sample: Sample, requested: bool) -> tuple[list[int], list[float] | None]:
+    """The loss mask and the engine's logprob of each completion token, for a framework's rollout
+    correction: 0 on tokens out of the loss (retrieved text in a merged trajectory, a placeholder). A trained
+    token whose logprob the engine did not give (a boundary of a merged trajectory that tokenized
+    differently) leaves the loss too, so that no correction reads a made-up value. None when the framework
+    asked for no logprobs (`requested`); zeros for a sample the engine gave none for (a placeholder)."""
+    if not requested:
+        return list(sample.loss_mask), None
+    known = sample.rollout_logprobs or [math.nan] * len(sample.completion_ids)
+    mask = [int(m and not math.isnan(x)) for m, x in zip(sample.loss_mask, known, strict=True)]
+    return mask, [0.0 if math.isnan(x) else x for x in known]
+
+
+def credit_fields(episode: Episode, sample: Sample) -> dict[str, Any]:
+    """What a row carries for `integrations.credit` (and the framework's logs): the turn's identity, its own
+    reward, its sub-group, and whether a turn stands behind it; the same keys on every row."""
+    return {
+        "role": sample.role,
+        "turn_index": sample.turn_index,
+        "turn_reward": float(sample.reward),
+        "subgroup": sample.subgroup,
+        "trained": sample.turn_index >= 0,
+        "question_id": episode.question.id,
+        "episode_error": episode.error or "",
+    }
 
 
 def episode_scores(episode: Episode) -> dict[str, float]:
@@ -210,14 +262,18 @@ def episode_scores(episode: Episode) -> dict[str, float]:
     }
 
 
+def load_train_config(config: str | Path, settings: Mapping[str, Any] | None = None) -> TrainRunConfig:
+    """A searchteam run config (a recipe name or a YAML path) with `settings` applied (`--set` style, e.g.
+    `{"top_k": 3}`)."""
+    return load_run_config(Path(config), {}, TrainRunConfig, dict(settings or {}))
+
+
 def load_environment(config: str | Path, settings: Mapping[str, Any] | None = None) -> TeamEnvironment:
-    """The environment of a searchteam run config (a recipe name or a YAML path) with `settings` applied
-    (`--set` style, e.g. `{"top_k": 3}`), built once per process: frameworks make a loop per episode."""
+    """The environment of a searchteam run config (see `load_train_config`), built once per process:
+    frameworks make a loop per episode."""
     return _environment(str(config), json.dumps(dict(settings or {}), sort_keys=True))
 
 
 @functools.lru_cache(maxsize=8)
 def _environment(config: str, settings: str) -> TeamEnvironment:
-    return TeamEnvironment.from_config(
-        load_run_config(Path(config), {}, TrainRunConfig, json.loads(settings))
-    )
+    return TeamEnvironment.from_config(load_train_config(config, json.loads(settings)))

@@ -1,17 +1,15 @@
 """searchteam's SkyRL generator: any searchteam team, generating token-in, token-out through SkyRL's inference
 engine client, in SkyRL's step-wise form (one row per trained turn, `is_last_step` on the last).
 
-SkyRL trains step-wise with `generator.step_wise_trajectories=true`; plug the generator in where SkyRL makes
-its generator (`BasePPOExp.get_generator`):
-
-    class SearchTeamExp(BasePPOExp):
-        def get_generator(self, cfg, tokenizer, inference_engine_client):
-            config = "examples/teams/jade-qwen2.5-7b.yaml"
-            return SearchTeamGenerator(config, inference_engine_client, tokenizer)
+SkyRL trains step-wise with `generator.step_wise_trajectories=true`. `skyrl_trainer.SearchTeamExp` builds
+this generator (with the name the inference engine knows the policy by, as SkyRL's own generator is built)
+and `skyrl_trainer.SearchTeamTrainer`, which gives each row the papers' credit.
 
 Rows come from `searchteam export-questions --format skyrl` (their `extra_info` reaches the generator as the
-environment's extras). SkyRL gives every step of a trajectory the advantage of its last step, so each row
-carries the episode's reward; the turn's own reward, role, EM and F1 are in `env_metrics`.
+environment's extras). Each row carries the episode's reward; its `env_metrics` carry the episode's EM and
+F1 and what the credit needs (`environment.credit_fields`). Evaluation batches (`training_phase: eval`)
+play evaluation episodes, as `searchteam eval` does. A failed request of the inference engine raises out of
+`generate` (`FrameworkFault`): no episode of it is trained.
 
 Written against skyrl 0.3.0, the last release for Python 3.11: on 3.11 its generator module imports only
 with `typing.TypedDict` pointed at `typing_extensions.TypedDict` (pydantic needs the latter below 3.12), which
@@ -29,13 +27,15 @@ from typing import Any
 
 import typing_extensions
 
+from searchteam.errors import ConfigError
 from searchteam.extras import require
 from searchteam.integrations.environment import (
     TeamEnvironment,
     TokenServerLLM,
-    engine_logprobs,
+    credit_fields,
     episode_scores,
     load_environment,
+    recorded_logprobs,
     server_request,
 )
 from searchteam.llm.base import SamplingParams
@@ -68,9 +68,14 @@ class SearchTeamGenerator(generators.GeneratorInterface):
         run_config: str,
         inference_engine_client: Any,
         tokenizer: Any,
-        policy_model_name: str | None = None,
+        policy_model_name: str,
         settings: dict[str, Any] | None = None,
     ) -> None:
+        if not policy_model_name:  # with LoRA, SkyRL's client refuses a request without it
+            raise ConfigError(
+                "SearchTeamGenerator needs the name the inference engine knows the policy by: pass "
+                "resolve_policy_model_name(cfg), as skyrl_trainer.SearchTeamExp does"
+            )
         self.env: TeamEnvironment = load_environment(run_config, settings)
         self.client = inference_engine_client
         self.tokenizer = tokenizer
@@ -80,33 +85,38 @@ class SearchTeamGenerator(generators.GeneratorInterface):
         extras = input_batch.get("env_extras") or [{}] * len(input_batch["prompts"])
         ids = input_batch.get("trajectory_ids") or [None] * len(input_batch["prompts"])
         params = dict(input_batch.get("sampling_params") or {})
-        played = await asyncio.gather(*(self._play(e, t, params) for e, t in zip(extras, ids, strict=True)))
+        metadata = input_batch.get("batch_metadata")
+        training = getattr(metadata, "training_phase", "train") != "eval"
+        played = await asyncio.gather(
+            *(self._play(e, t, params, training) for e, t in zip(extras, ids, strict=True))
+        )
         rows = [
             (episode, sample, t)
             for (episode, samples), t in zip(played, ids, strict=True)
             for sample in samples
         ]
         last = [i == len(samples) - 1 for _, samples in played for i in range(len(samples))]
-        logprobs = params.get("logprobs") is not None
+        requested = params.get("logprobs") is not None
+        recorded = [recorded_logprobs(s, requested) for _, s, _ in rows]
         return {
             "prompt_token_ids": [s.prompt_ids for _, s, _ in rows],
             "response_ids": [s.completion_ids for _, s, _ in rows],
-            "rewards": [float(e.reward or 0.0) for e, _, _ in rows],
-            "loss_masks": [s.loss_mask for _, s, _ in rows],
+            "rewards": [float(e.reward or 0.0) if s.turn_index >= 0 else 0.0 for e, s, _ in rows],
+            "loss_masks": [mask for mask, _ in recorded],
             "stop_reasons": [_stop_reason(e, s) for e, s, _ in rows],
             "rollout_metrics": _rollout_metrics([e for e, _ in played]),
-            "rollout_logprobs": [_logprobs(s) for _, s, _ in rows] if logprobs else None,
+            "rollout_logprobs": [logprobs for _, logprobs in recorded] if requested else None,
             "trajectory_ids": [t for _, _, t in rows],
             "trajectory_generation_times": None,
             "rollout_expert_indices": None,
             "is_last_step": last,
-            "env_metrics": [_env_metrics(e, s) for e, s, _ in rows],
+            "env_metrics": [{**episode_scores(e), **credit_fields(e, s)} for e, s, _ in rows],
             "pixel_values": None,
             "image_grid_thw": None,
         }
 
     async def _play(
-        self, extras: dict[str, Any], trajectory: Any, params: dict[str, Any]
+        self, extras: dict[str, Any], trajectory: Any, params: dict[str, Any], training: bool
     ) -> tuple[Episode, list[Sample]]:
         info = dict(extras.get("extra_info") or extras)
         question = self.env.question(info, fallback_id=str(getattr(trajectory, "instance_id", "")))
@@ -125,9 +135,8 @@ class SearchTeamGenerator(generators.GeneratorInterface):
             logprobs = out.get("response_logprobs")
             return list(out["response_ids"][0]), (list(logprobs[0]) if logprobs else None)
 
-        episode = await self.env.play(
-            question, TokenServerLLM(generate, self.tokenizer, name="skyrl"), group=question.id
-        )
+        llm = TokenServerLLM(generate, self.tokenizer, name="skyrl")
+        episode = await self.env.play(question, llm, group=question.id, training=training)
         samples = self.env.samples(episode, self.tokenizer) or [self.env.placeholder(episode, self.tokenizer)]
         return episode, samples
 
@@ -135,20 +144,6 @@ class SearchTeamGenerator(generators.GeneratorInterface):
 def _stop_reason(episode: Episode, sample: Sample) -> str:
     turn = episode.turns[sample.turn_index] if 0 <= sample.turn_index < len(episode.turns) else None
     return turn.finish_reason if turn is not None else "stop"
-
-
-def _logprobs(sample: Sample) -> list[float]:
-    """SkyRL wants a row of logprobs for every row: a turn without them (a placeholder) gets zeros."""
-    return engine_logprobs(sample) or [0.0] * len(sample.completion_ids)
-
-
-def _env_metrics(episode: Episode, sample: Sample) -> dict[str, Any]:
-    return {
-        **episode_scores(episode),
-        "role": sample.role,
-        "turn_reward": sample.reward,
-        "question_id": episode.question.id,
-    }
 
 
 def _rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
