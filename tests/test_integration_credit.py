@@ -29,7 +29,7 @@ from searchteam.integrations.environment import (
 from searchteam.rl.advantages import assign_advantages
 from searchteam.rl.config import TrainConfig
 from searchteam.rl.experience import Sample, samples_from_episodes
-from tests.test_integrations import ROW, run_config
+from tests.test_integrations import ROW, hf_token_server, run_config
 
 REPLIES = [  # for ROW's question, "Who wrote Dune?" (Frank Herbert)
     "<search>author of Dune</search>",
@@ -188,3 +188,28 @@ def test_rows_carry_recorded_logprobs_or_leave_the_loss():
     assert recorded_logprobs(sample, requested=False) == ([1, 0, 1], None)
     placeholder = Sample([1], [2], [0], "", 0, "q", -1)
     assert recorded_logprobs(placeholder, requested=True) == ([0], [0.0])
+
+
+def test_a_merged_trajectory_records_the_logprobs_of_its_earlier_turns(tmp_path, default_llm):
+    """Search-R1 as one trajectory: each earlier completion's tokens carry the engine's logprobs (they
+    re-tokenize to the ids it generated), so a framework's rollout correction reads what was sampled."""
+    server = hf_token_server(default_llm)
+
+    async def with_logprobs(prompt_ids, sampling):
+        ids, _ = await server(prompt_ids, sampling)
+        return ids, [-0.25] * len(ids)
+
+    path = run_config(
+        tmp_path, "search_r1", max_turns=2, max_new_tokens_per_role={"agent": 32},
+        train={"merge_continuations": True},
+    )  # fmt: skip
+    env = load_environment(path)
+    question = env.question({**ROW, "method": "search_r1"})
+    llm = TokenServerLLM(with_logprobs, default_llm.tokenizer)
+    episode = asyncio.run(env.play(question, llm, group="g"))
+    (sample,) = env.samples(episode, default_llm.tokenizer)
+
+    assert len(episode.turns) > 1 and episode.turns[-1].env_spans  # the greedy model searched
+    mask, logprobs = recorded_logprobs(sample, requested=True)
+    trained = [lp for lp, m in zip(logprobs, sample.loss_mask, strict=True) if m]
+    assert trained == [-0.25] * len(trained) and mask == sample.loss_mask  # every trained token recorded

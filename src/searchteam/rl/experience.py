@@ -156,9 +156,11 @@ def _trajectory_sample(
     if not completion and not any(mask):
         return None
     rewards = [t.reward for _, t in chain if t.reward is not None]
-    # the engine's logprobs are known for the last completion's own ids (the continuation is re-tokenized)
     known = last.logprobs is not None and len(last.logprobs) == len(completion) and bool(completion)
-    rollout = [math.nan] * len(enc["input_ids"]) + list(last.logprobs) if known else None
+    earlier = _chain_logprobs(chain[:-1], enc["input_ids"], enc["offset_mapping"])
+    rollout = earlier + (list(last.logprobs) if known else [math.nan] * len(completion))
+    if all(math.isnan(x) for x in rollout):
+        rollout = None
     return Sample(
         prompt_ids=_encode(tokenizer, head),
         completion_ids=list(enc["input_ids"]) + completion,
@@ -171,6 +173,31 @@ def _trajectory_sample(
         reward=float(sum(rewards)),
         parsed_ok=all(t.parsed_ok for _, t in chain),
     )
+
+
+def _chain_logprobs(
+    turns: list[tuple[int, Turn]], ids: list[int], offsets: list[tuple[int, int]]
+) -> list[float]:
+    """The engine's logprob of each token of a chain's re-tokenized continuation, nan where unknown. Inside
+    the characters of an earlier turn's completion, the tokens that re-tokenize to the ids it generated
+    (matched from its start and from its end: only a boundary with retrieved text can tokenize otherwise)
+    take their logprobs; retrieved text stays nan."""
+    out = [math.nan] * len(ids)
+    for _, turn in turns:
+        generated = list(turn.completion_token_ids)
+        if not generated or turn.logprobs is None or len(turn.logprobs) != len(generated):
+            continue
+        start = len(continuation_of(turn))
+        end = start + len(turn.completion)
+        inside = [i for i, (a, b) in enumerate(offsets) if a >= start and b <= end and b > a]
+        forward = zip(inside, range(len(generated)), strict=False)
+        backward = zip(reversed(inside), range(-1, -len(generated) - 1, -1), strict=False)
+        for pairs in (forward, backward):
+            for i, g in pairs:
+                if ids[i] != generated[g]:
+                    break
+                out[i] = turn.logprobs[g]
+    return out
 
 
 def _extends(prev: Turn, turn: Turn) -> bool:
