@@ -53,10 +53,12 @@ def credit_tensors(
     """Token-level advantages and returns (shaped like `response_mask`) of SkyRL's step-wise rows: row i
     answers prompt `uids[i]`; a trajectory's rows run up to one with `is_last_step`; `fields` are the rows'
     `environment.credit_fields` (rows past them are SkyRL's padding, given no credit); `values` (the
-    critic's, per response token) give each turn the value of its prompt, read at its first token."""
+    critic's, per response token) give each turn the value of its prompt, read at its first token (SkyRL
+    right-aligns responses)."""
     rows, trajectory = [], 0
+    first = response_mask.argmax(dim=1)
     for i in range(response_mask.shape[0]):
-        value = float(values[i, 0]) if values is not None else 0.0
+        value = float(values[i, first[i]]) if values is not None else 0.0
         if i < len(fields):
             rows.append(CreditRow.of(str(uids[i]), f"{uids[i]}#{trajectory}", fields[i], value))
             trajectory += bool(is_last_step[i])

@@ -49,9 +49,10 @@ def credit_tensors(
     `fields` are `environment.credit_fields`; `values` (the critic's, per response token) give each turn
     the value of its prompt, read at its first response token."""
     rows = []
+    first = response_mask.argmax(dim=1)
     for i, (key, row_fields) in enumerate(zip(keys, fields, strict=True)):
         uid, session, _ = key.rsplit("_", 2)
-        value = float(values[i, 0]) if values is not None else 0.0
+        value = float(values[i, first[i]]) if values is not None else 0.0
         rows.append(CreditRow.of(uid, f"{uid}_{session}", row_fields, value))
     credit = row_credit(rows, config)
     mask = response_mask.to(torch.float32)
