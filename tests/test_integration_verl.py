@@ -46,11 +46,13 @@ class ModelServer:
         return TokenOutput(token_ids=ids, log_probs=[-1.0] * len(ids), stop_reason="completed")
 
 
-def instantiate(path, server, tokenizer, use_v1: bool, settings: dict | None = None):
-    """The agent loop as verl's AgentLoopWorker makes it: hydra on an entry of the agent loop config file."""
-    config = OmegaConf.create(
+def instantiate(path, server, tokenizer, use_v1: bool, settings: dict | None = None, config=None):
+    """The agent loop as verl's AgentLoopWorker makes it: hydra on an entry of the agent loop config file,
+    in a trainer `config` (default: the parts the loop reads)."""
+    config = config or OmegaConf.create(
         {
             "trainer": {"use_v1": use_v1},
+            "algorithm": {"adv_estimator": "grpo"},
             "actor_rollout_ref": {"rollout": {"prompt_length": 4096, "response_length": RESPONSE_LENGTH}},
             "data": {},
         }
@@ -117,3 +119,129 @@ def test_the_legacy_trainer_refuses_a_team_of_several_roles(tmp_path, default_ll
     with pytest.raises(InstantiationException, match="trainer.use_v1=True") as refused:
         instantiate(run_config(tmp_path, "mask"), ModelServer(default_llm), default_llm.tokenizer, False)
     assert isinstance(refused.value.__cause__, ConfigError)  # hydra wraps the one line it raised
+
+
+class TransferQueueStore:
+    """TransferQueue's key-value calls over a dict, in this process: what verl's v1 agent loop worker puts
+    and its trainer gets (rows stacked by verl's own TensorDict helper, as TransferQueue hands them back)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, dict] = {}
+        self.tags: dict[str, dict] = {}
+
+    async def async_kv_batch_put(self, keys, partition_id, fields, tags=None):
+        self.kv_batch_put(keys, partition_id, fields, tags)
+
+    def kv_batch_put(self, keys, partition_id, fields, tags=None):
+        from transfer_queue import KVBatchMeta
+
+        for name, value in fields.items():
+            if isinstance(value, torch.Tensor):
+                column = value.unbind()
+            elif hasattr(value, "tolist"):  # non-tensor data
+                column = value.tolist()
+            else:  # a nested TensorDict (empty multi_modal_inputs)
+                column = [value[i] for i in range(len(keys))]
+            for key, row in zip(keys, column, strict=True):
+                self.rows.setdefault(key, {})[name] = row
+        for key, tag in zip(keys, tags or [{}] * len(keys), strict=True):
+            self.tags.setdefault(key, {}).update(tag)
+        return KVBatchMeta(keys=list(keys), tags=[self.tags[k] for k in keys], partition_id=partition_id)
+
+    def kv_batch_get(self, keys, partition_id, select_fields):
+        return list_of_dict_to_tensordict(
+            [{f: self.rows[k][f] for f in select_fields if f in self.rows[k]} for k in keys]
+        )
+
+
+def verl_config(overrides: list[str]):
+    """verl's own ppo_trainer config, composed by hydra from verl's config folder."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from verl.trainer import main_ppo
+
+    with initialize_config_dir(str(Path(main_ppo.__file__).parent / "config"), version_base=None):
+        return compose("ppo_trainer", overrides=overrides)
+
+
+def test_v1_trainer_runs_past_its_first_step_with_the_papers_credit(tmp_path, smollm_tokenizer, monkeypatch):
+    """M-ASK (GAE on turn rewards) rollouts through searchteam's loop, verl's own row and tag building
+    (`AgentLoopWorkerTQ._agent_loop_postprocess`), then searchteam's trainer's `_compute_advantage` (verl's
+    own, then searchteam's credit) and verl's `_compute_metrics`, which reads every row's weight versions:
+    each trained turn's advantage is searchteam's, and the step's metrics are computed."""
+    import numpy as np
+    import transfer_queue
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo.v1 import agent_loop_tq
+
+    from searchteam.integrations import verl_trainer
+    from searchteam.integrations.credit import CreditRow, row_credit
+    from tests.test_integration_credit import recipe_train, scripted_server
+
+    store = TransferQueueStore()
+    for name in ("async_kv_batch_put", "kv_batch_put", "kv_batch_get"):
+        monkeypatch.setattr(transfer_queue, name, getattr(store, name))
+
+    class VersionedServer:  # verl's LLMServerClient: a reply carries the weight version it ran on
+        def __init__(self, seed):
+            self.generate_ids = scripted_server(smollm_tokenizer, seed)
+
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+            sampling = SamplingParams(stop=tuple(sampling_params.get("stop", ())))
+            ids, logprobs = await self.generate_ids(prompt_ids, sampling)
+            versions = {"global_steps": 3, "min_global_steps": 3, "max_global_steps": 3}  # as its generate
+            return TokenOutput(token_ids=ids, log_probs=logprobs, extra_fields=versions)
+
+    path = run_config(tmp_path, "mask", max_turns=2, train=recipe_train("mask"))
+    config = verl_config(
+        ["trainer.use_v1=True", "trainer.v1.trainer_mode=searchteam", "algorithm.adv_estimator=gae",
+         "actor_rollout_ref.rollout.n=3", "trainer.n_gpus_per_node=1",
+         f"actor_rollout_ref.rollout.response_length={RESPONSE_LENGTH}"]
+    )  # fmt: skip
+    worker = agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__.__new__(
+        agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__
+    )
+    worker.processor, worker.reward_loop_worker_handles, worker.distillation_enabled = None, None, False
+    settings = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+    for q in range(2):
+        for session in range(3):
+            loop = instantiate(path, VersionedServer(10 * q + session), smollm_tokenizer, True, config=config)
+            outputs = asyncio.run(loop.run(settings, **{**verl_row(tmp_path, "mask"), "uid": f"u{q}"}))
+            asyncio.run(
+                worker._agent_loop_postprocess(
+                    outputs, False, uid=f"u{q}", session_id=session, global_steps=3
+                )
+            )
+
+    keys = list(store.rows)
+    batch = KVBatchMeta(keys=keys, tags=[store.tags[k] for k in keys], partition_id="train")
+    values = [torch.linspace(-j / 10, 1, len(store.rows[k]["responses"])) for j, k in enumerate(keys)]
+    old = [store.rows[k]["rollout_log_probs"] - 0.01 for k in keys]  # the actor's π_old
+    computed = [{"values": v, "old_log_probs": o} for v, o in zip(values, old, strict=True)]
+    store.kv_batch_put(keys, "train", list_of_dict_to_tensordict(computed))
+
+    trainer = verl_trainer.SearchTeamTrainer.__new__(verl_trainer.SearchTeamTrainer)
+    trainer.config, trainer.use_critic = config, True
+    trainer.credit_config = loop.env.config.train
+    trainer._rollout_moe_lb_metrics_accumulator = None
+    trainer._get_n_gpus_for_throughput = lambda: 1  # its resource pool is Ray's
+    metrics: dict = {}
+    batch = trainer._compute_advantage(batch, metrics)
+    timing = {"step": 2.0, "gen": 1.0, "update_actor": 0.5}
+    trainer._compute_metrics(batch, metrics, timing, global_steps=4, epoch=0)
+
+    extra = [store.rows[k]["extra_fields"] for k in keys]
+    expected = row_credit(
+        [
+            CreditRow.of(k.rsplit("_", 2)[0], k.rsplit("_", 1)[0], e, float(v[0]))
+            for k, e, v in zip(keys, extra, values, strict=True)
+        ],
+        trainer.credit_config,
+    )
+    for key, credit in zip(keys, expected, strict=True):
+        advantages = store.rows[key]["advantages"]
+        assert torch.allclose(advantages, torch.full_like(advantages, credit.advantage), atol=1e-6)
+    assert len({round(c.advantage, 6) for c in expected}) > 2
+    assert metrics["training/off_policy/trajectory_staleness/mean"] == 0  # versions 3, step 4
+    assert np.isfinite(metrics["critic/advantages/mean"])

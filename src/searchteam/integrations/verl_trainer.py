@@ -98,7 +98,8 @@ class SearchTeamTrainer(v1.PPOTrainerSync):
         fields = ["response_mask", "extra_fields", *(["values"] if self.use_critic else [])]
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         nested_mask = data["response_mask"]
-        extra = data["extra_fields"].tolist()
+        extra = data["extra_fields"]  # a NonTensorStack (or a list of the rows' dicts)
+        extra = extra.tolist() if hasattr(extra, "tolist") else list(extra)
         padded = data.select(*[f for f in fields if f != "extra_fields"]).to_padded_tensor()
         advantages, returns = credit_tensors(
             batch.keys, extra, padded["response_mask"], padded.get("values", None), self.credit_config
