@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The check of searchteam's verl agent loop and SkyRL generator inside the frameworks themselves, on a CPU
-# box. Each framework gets a virtual environment of its own (verl's is about 2 GB; skyrl 0.3.0 pins its own
-# transformers and peft), with searchteam installed editable from this checkout. Then:
+# The check of searchteam's verl agent loop and trainer and SkyRL generator and trainer inside the frameworks
+# themselves, on a CPU box. Each framework gets a virtual environment of its own (verl's is about 2 GB; skyrl
+# 0.3.0 pins its own transformers and peft), with searchteam installed editable from this checkout. Then:
 #   verl 0.9.1: tests/test_integration_verl.py (the agent loop instantiated by hydra as verl's worker makes
-#     it, its outputs in verl's AgentLoopOutput and stacked by verl's TensorDict helper), and the launch
-#     script's config composed by verl's hydra entry point for M-ASK and JADE (examples/verl/train.sh --cfg);
+#     it; its outputs through verl's own row and tag building, searchteam's trainer's _compute_advantage and
+#     verl's _compute_metrics), and the launch script's config composed by searchteam's verl entry point for
+#     M-ASK and JADE (examples/verl/train.sh --cfg);
 #   skyrl 0.3.0: tests/test_integration_skyrl.py (the generator's step-wise output through SkyRL's own
-#     validate_generator_output).
+#     validate_generator_output, postprocess_generator_output and convert_to_training_input, then
+#     searchteam's trainer's advantages).
 # Run it before closing a change to src/searchteam/integrations/. It prints the wall time of each phase.
 #
 #   bash scripts/check_integrations.sh            # first run: builds both environments (minutes)
