@@ -6,7 +6,7 @@
 | `gpu`   | vllm (alias: `vllm`)                     | the `vllm` backend                         |
 | `dense` | faiss-cpu, sentence-transformers         | dense and prebuilt-index retrieval, rerank |
 | `train` | matplotlib, tensorboard                  | training curves (PNG and TensorBoard)      |
-| `verl`  | verl 0.9.1, transferqueue, cachetools, uvicorn, fastapi | `searchteam.integrations.verl`, `.verl_trainer` |
+| `verl`  | verl 0.9.1, transferqueue, cachetools... | `searchteam.integrations.verl`, `verl_trainer` |
 | `skyrl` | skyrl 0.3.0                              | `searchteam.integrations.skyrl`            |
 """
 
