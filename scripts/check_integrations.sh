@@ -63,7 +63,10 @@ if [ "$ONLY" != skyrl ]; then
   for method in mask jade; do
     PATH="$VERL_VENV/bin:$PATH" DATA="$data/$method" bash examples/verl/train.sh "$method" --cfg job >"$data/$method.cfg"
     grep -q "agent-loop-$method.yaml" "$data/$method.cfg"
+    grep -q "trainer_mode: searchteam" "$data/$method.cfg"
   done
+  # mini-batches in rows: 160 episodes per optimizer step x 14 rows per M-ASK episode / 5 rollouts
+  grep -q "ppo_mini_batch_size: 448" "$data/mask.cfg"
   phase_done "verl config of train.sh (2 methods)"
 fi
 if [ "$ONLY" != verl ]; then
