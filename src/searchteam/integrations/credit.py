@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from searchteam.rl.advantages import assign_advantages
 from searchteam.rl.config import TrainConfig
 from searchteam.rl.experience import Sample
@@ -82,3 +84,24 @@ def _sample(row: CreditRow, episode_id: int) -> Sample:
         subgroup=row.subgroup,
         old_value=row.value,
     )
+
+
+def prompt_values(values: torch.Tensor | None, response_mask: torch.Tensor) -> list[float]:
+    """The critic's value of each row's prompt: its per-token `values` read at the row's first response
+    token (wherever the framework aligns responses); zeros without a critic."""
+    if values is None:
+        return [0.0] * response_mask.shape[0]
+    first = response_mask.argmax(dim=1)
+    return [float(values[i, first[i]]) for i in range(response_mask.shape[0])]
+
+
+def token_credit(
+    rows: Sequence[CreditRow], config: TrainConfig, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`row_credit` as the frameworks' token-level advantages and returns: each row's on its response
+    tokens, shaped like the padded `response_mask`."""
+    credit = row_credit(rows, config)
+    mask = response_mask.to(torch.float32)
+    advantages = torch.tensor([c.advantage for c in credit], dtype=torch.float32).unsqueeze(-1) * mask
+    returns = torch.tensor([c.returns for c in credit], dtype=torch.float32).unsqueeze(-1) * mask
+    return advantages, returns

@@ -166,6 +166,10 @@ class TeamEnvironment:
             merge_continuations=self.config.train.merge_continuations,
         )
 
+    def rows(self, episode: Episode, tokenizer) -> list[Sample]:
+        """What a framework trains of the episode: its samples, or its placeholder when it trained none."""
+        return self.samples(episode, tokenizer) or [self.placeholder(episode, tokenizer)]
+
     def placeholder(self, episode: Episode, tokenizer) -> Sample:
         """The sample of an episode that trained no turn (it failed before its first call): the question as
         the prompt and one EOS, fully masked, so the rollout keeps its place and nothing is trained on it."""
@@ -237,6 +241,16 @@ def recorded_logprobs(sample: Sample, requested: bool) -> tuple[list[int], list[
     return mask, [0.0 if math.isnan(x) else x for x in known]
 
 
+def has_turn(sample: Sample) -> bool:
+    """Whether a turn stands behind the sample (not an episode's placeholder)."""
+    return sample.turn_index >= 0
+
+
+def row_reward(episode: Episode, sample: Sample) -> float:
+    """A row's reward for the framework: the episode's, 0 for a placeholder."""
+    return float(episode.reward or 0.0) if has_turn(sample) else 0.0
+
+
 def credit_fields(episode: Episode, sample: Sample) -> dict[str, Any]:
     """What a row carries for `integrations.credit` (and the framework's logs): the turn's identity, its own
     reward, its sub-group, and whether a turn stands behind it; the same keys on every row."""
@@ -245,7 +259,7 @@ def credit_fields(episode: Episode, sample: Sample) -> dict[str, Any]:
         "turn_index": sample.turn_index,
         "turn_reward": float(sample.reward),
         "subgroup": sample.subgroup,
-        "trained": sample.turn_index >= 0,
+        "trained": has_turn(sample),
         "question_id": episode.question.id,
         "episode_error": episode.error or "",
     }

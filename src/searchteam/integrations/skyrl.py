@@ -36,6 +36,7 @@ from searchteam.integrations.environment import (
     episode_scores,
     load_environment,
     recorded_logprobs,
+    row_reward,
     server_request,
 )
 from searchteam.llm.base import SamplingParams
@@ -101,7 +102,7 @@ class SearchTeamGenerator(generators.GeneratorInterface):
         return {
             "prompt_token_ids": [s.prompt_ids for _, s, _ in rows],
             "response_ids": [s.completion_ids for _, s, _ in rows],
-            "rewards": [float(e.reward or 0.0) if s.turn_index >= 0 else 0.0 for e, s, _ in rows],
+            "rewards": [row_reward(e, s) for e, s, _ in rows],
             "loss_masks": [mask for mask, _ in recorded],
             "stop_reasons": [_stop_reason(e, s) for e, s, _ in rows],
             "rollout_metrics": _rollout_metrics([e for e, _ in played]),
@@ -137,8 +138,7 @@ class SearchTeamGenerator(generators.GeneratorInterface):
 
         llm = TokenServerLLM(generate, self.tokenizer, name="skyrl")
         episode = await self.env.play(question, llm, group=question.id, training=training)
-        samples = self.env.samples(episode, self.tokenizer) or [self.env.placeholder(episode, self.tokenizer)]
-        return episode, samples
+        return episode, self.env.rows(episode, self.tokenizer)
 
 
 def _stop_reason(episode: Episode, sample: Sample) -> str:

@@ -20,7 +20,7 @@ import torch
 
 from searchteam.errors import ConfigError
 from searchteam.extras import require
-from searchteam.integrations.credit import CreditRow, row_credit
+from searchteam.integrations.credit import CreditRow, prompt_values, token_credit
 from searchteam.integrations.skyrl import SearchTeamGenerator, _typeddict_for_pydantic
 from searchteam.rl.config import TrainConfig
 
@@ -56,20 +56,14 @@ def credit_tensors(
     critic's, per response token) give each turn the value of its prompt, read at its first token (SkyRL
     right-aligns responses)."""
     rows, trajectory = [], 0
-    first = response_mask.argmax(dim=1)
-    for i in range(response_mask.shape[0]):
-        value = float(values[i, first[i]]) if values is not None else 0.0
+    for i, value in enumerate(prompt_values(values, response_mask)):
         if i < len(fields):
             rows.append(CreditRow.of(str(uids[i]), f"{uids[i]}#{trajectory}", fields[i], value))
             trajectory += bool(is_last_step[i])
         else:
             pad = f"pad{i}"
             rows.append(CreditRow(group=pad, episode=pad, role="", turn=-1, reward=0.0, trained=False))
-    credit = row_credit(rows, config)
-    mask = response_mask.to(torch.float32)
-    advantages = torch.tensor([c.advantage for c in credit], dtype=torch.float32).unsqueeze(-1) * mask
-    returns = torch.tensor([c.returns for c in credit], dtype=torch.float32).unsqueeze(-1) * mask
-    return advantages, returns
+    return token_credit(rows, config, response_mask)
 
 
 class SearchTeamTrainer(trainer_module.RayPPOTrainer):

@@ -40,6 +40,7 @@ from searchteam.integrations.environment import (
     episode_scores,
     load_environment,
     recorded_logprobs,
+    row_reward,
     server_request,
 )
 from searchteam.integrations.questions import AGENT_NAME
@@ -85,8 +86,9 @@ class SearchTeamAgentLoop(agent_loop.AgentLoopBase):
         episode = await self.env.play(question, llm, group=group, training=training)
         versions = weight_versions(replies, kwargs.get("global_steps"))
         logprobs = bool(sampling_params.get("logprobs"))
-        samples = self.env.samples(episode, self.tokenizer) or [self.env.placeholder(episode, self.tokenizer)]
-        outputs = [self._output(s, episode, versions, logprobs) for s in samples]
+        outputs = [
+            self._output(s, episode, versions, logprobs) for s in self.env.rows(episode, self.tokenizer)
+        ]
         if self.multi_output:
             return outputs
         if len(outputs) > 1:
@@ -117,13 +119,12 @@ class SearchTeamAgentLoop(agent_loop.AgentLoopBase):
     def _output(self, sample: Sample, episode: Episode, versions: dict[str, Any], logprobs: bool) -> Any:
         """One trained turn (or the placeholder of an episode that trained none: fully masked, reward 0)."""
         mask, recorded = recorded_logprobs(sample, logprobs)
-        trained = sample.turn_index >= 0
         return agent_loop.AgentLoopOutput(
             prompt_ids=sample.prompt_ids,
             response_ids=sample.completion_ids,
             response_mask=mask,
             response_logprobs=recorded,
-            reward_score=float(episode.reward or 0.0) if trained else 0.0,
+            reward_score=row_reward(episode, sample),
             num_turns=1 + len(episode.turns) + len(episode.retrievals),
             metrics=_metrics(episode),
             extra_fields={

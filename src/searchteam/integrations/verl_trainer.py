@@ -24,7 +24,7 @@ import torch
 
 from searchteam.errors import ConfigError
 from searchteam.extras import require
-from searchteam.integrations.credit import CreditRow, row_credit
+from searchteam.integrations.credit import CreditRow, prompt_values, token_credit
 from searchteam.integrations.environment import load_train_config
 from searchteam.integrations.questions import AGENT_NAME
 from searchteam.integrations.verl import SEARCHTEAM_TRAINER
@@ -49,16 +49,10 @@ def credit_tensors(
     `fields` are `environment.credit_fields`; `values` (the critic's, per response token) give each turn
     the value of its prompt, read at its first response token."""
     rows = []
-    first = response_mask.argmax(dim=1)
-    for i, (key, row_fields) in enumerate(zip(keys, fields, strict=True)):
+    for key, row_fields, value in zip(keys, fields, prompt_values(values, response_mask), strict=True):
         uid, session, _ = key.rsplit("_", 2)
-        value = float(values[i, first[i]]) if values is not None else 0.0
         rows.append(CreditRow.of(uid, f"{uid}_{session}", row_fields, value))
-    credit = row_credit(rows, config)
-    mask = response_mask.to(torch.float32)
-    advantages = torch.tensor([c.advantage for c in credit], dtype=torch.float32).unsqueeze(-1) * mask
-    returns = torch.tensor([c.returns for c in credit], dtype=torch.float32).unsqueeze(-1) * mask
-    return advantages, returns
+    return token_credit(rows, config, response_mask)
 
 
 def searchteam_train_config(config: Any) -> TrainConfig:
