@@ -76,6 +76,16 @@ class MissingExtra(LLMError, RetrievalError):
     so that code catching either around a backend or retriever it builds catches this one too."""
 
 
+class TeamBug(SearchTeamError, RuntimeError):
+    """The team's own code raised the same exception at the same place in several episodes: the run stops
+    with the traceback and the count (`runtime.failures.TeamBugs`) instead of scoring every episode 0."""
+
+    @property
+    def headline(self) -> str:
+        """The message without its traceback."""
+        return str(self.args[0]).partition("\n")[0] if self.args else ""
+
+
 class RequestRejected(RuntimeError):
     """The engine refused one request for what it asked (a prompt longer than its context): that episode
     fails and is counted, the run goes on. Not a SearchTeamError: the backend still serves the others."""

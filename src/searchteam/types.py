@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Self
+from typing import Any, Literal, Self, get_args
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -112,6 +112,12 @@ class Retrieval(BaseModel):
 _OLD_EPISODE_META = {"group_id": "group_id", "reward": "reward", "reward_terms": "reward_terms"}
 
 
+# Why an episode ended without its answer: the engine refused a request, the question cannot be taken as
+# given, or the team's own code raised.
+FailureKind = Literal["rejected", "input", "bug"]
+FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)
+
+
 class Episode(BaseModel):
     """Everything that happened while one method answered one question. `group_id` overrides the GRPO group
     (default: the question id); `reward` and `reward_terms` are what the reward scheme scored (training)."""
@@ -124,6 +130,7 @@ class Episode(BaseModel):
     states: list[dict[str, Any]] = Field(default_factory=list)
     answer: str = ""
     error: str | None = None
+    error_kind: FailureKind | None = None  # why `error` ended it (`runtime.failures`)
     seconds: float = 0.0
     group_id: str | None = None
     reward: float | None = None

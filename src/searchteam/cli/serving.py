@@ -82,4 +82,5 @@ def serve(
         )
         service = build_service(cfg, limits=limits)
     console.print(f"serving {cfg.method} on {cfg.model} at http://{host}:{port}/ (Ctrl-C stops it)")
-    serve_team(service, host=host, port=port, api_key=api_key, allow_open=allow_no_api_key)
+    with user_errors():  # a team bug that repeats stops the server
+        serve_team(service, host=host, port=port, api_key=api_key, allow_open=allow_no_api_key)

@@ -14,7 +14,7 @@ import yaml
 
 from searchteam.config import RunConfig
 from searchteam.data.benchmark import load_benchmark, load_questions
-from searchteam.errors import ConfigError, JsonlError
+from searchteam.errors import ConfigError, JsonlError, TeamBug
 from searchteam.eval.judge_metric import judge_rows
 from searchteam.eval.summary import result_row, summarize
 from searchteam.factory import Components, build_components, build_sampling, build_team, secondary_llm
@@ -109,7 +109,9 @@ def evaluate(
 ) -> dict[str, Any]:
     """Evaluate `config.method`; with `config.resume`, questions already in results.jsonl are skipped.
     With `judge_model`, every row gets an LLM judge's verdict (`judge`, else built from the config when a
-    verdict is not cached; see `eval.judge_metric`); with `report_to`, the summary goes to those trackers."""
+    verdict is not cached; see `eval.judge_metric`); with `report_to`, the summary goes to those trackers.
+    A team bug that repeats stops the run with `TeamBug`, once `summary.json` holds what was written and
+    why it `stopped`; a resumed run asks the questions a bug failed again."""
     team = components.team if components else build_team(config)
     check_installed(trackers_for(config.report_to))  # before any model loads
     questions = select_questions(config)
@@ -126,17 +128,22 @@ def evaluate(
     settings = effective_config(config, team)
     if previous:
         check_resume_matches(out, settings)
+        previous = _drop_team_bugs(previous, results_path)
     done = {row["id"] for row in previous}
     todo = [q for q in questions if q.id not in done]
     (out / "config.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
 
     seconds_before = _previous_seconds(out / "summary.json") if config.resume else 0.0
     started = time.perf_counter()
+    stopped: TeamBug | None = None
     if todo:
         components = components or build_components(config, team)
-        _run_and_append(config, components, todo, results_path, progress)
+        try:
+            _run_and_append(config, components, todo, results_path, progress)
+        except TeamBug as bug:  # summarize what was written, then stop
+            stopped = bug
     all_rows = read_results(results_path)
-    if config.judge_model:
+    if config.judge_model and not stopped:
         all_rows = judge_rows(
             all_rows, config.judge_model, lambda: judge or build_judge(config), batch_size=config.batch_size
         )
@@ -147,7 +154,11 @@ def evaluate(
     summary = summarize(rows, config.method, config.model, seconds, team.example_answers())
     if config.judge_model:
         summary["judge_model"] = config.judge_model
+    if stopped:
+        summary["stopped"] = stopped.headline
     write_lines_atomic(out / "summary.json", [json.dumps(summary, indent=2, ensure_ascii=False) + "\n"])
+    if stopped:
+        raise stopped
     tracked = TrackingSetup(config.report_to, config.tracker_project, effective_config(config, team))
     report_once(tracked, out, summary)
     return summary
@@ -183,6 +194,15 @@ def _run_and_append(
                 progress=progress,
             )
         )
+
+
+def _drop_team_bugs(rows: list[dict[str, Any]], results_path: Path) -> list[dict[str, Any]]:
+    """The rows of a resumed run less those a team bug failed, which are no results: their questions are
+    asked again (the bug fixed, they score; still there, the run stops again)."""
+    kept = [row for row in rows if row.get("error_kind") != "bug"]
+    if len(kept) < len(rows):
+        write_lines_atomic(results_path, map(result_line, kept))
+    return kept
 
 
 def _previous_seconds(path: Path) -> float:

@@ -9,7 +9,7 @@ the summary turns it into `recall@k` (see `searchteam.metrics.gold_rank`). With 
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from statistics import mean
 from typing import Any
 
@@ -88,6 +88,7 @@ def result_row(episode: Episode) -> dict[str, Any]:
         "retrievals": len(episode.retrievals),
         "seconds": round(episode.seconds, 3),
         "error": episode.error,
+        "error_kind": episode.error_kind,
         WITHDRAWN: episode.meta.get(WITHDRAWN),
         **episode_trace(episode),
     }
@@ -125,9 +126,15 @@ def summarize(
         "example_answer_copies": sum(normalize_answer(r["prediction"]) in example_answers for r in rows),
         "example_answers_withdrawn": sum(1 for r in rows if r.get(WITHDRAWN)),
         "episode_errors": sum(1 for r in rows if r.get("error")),
+        "episode_errors_by_kind": _errors_by_kind(rows),
         **_judge_flags(rows),
         "seconds_total": round(seconds_total, 2),
     }
+
+
+def _errors_by_kind(rows: list[dict]) -> dict[str, int]:
+    """Failed episodes per kind (`runtime.failures`); rows written before kinds were recorded: `unknown`."""
+    return dict(Counter(r.get("error_kind") or "unknown" for r in rows if r.get("error")))
 
 
 def recall_ks(rows: list[dict]) -> list[int]:

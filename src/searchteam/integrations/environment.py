@@ -17,7 +17,7 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from searchteam.retrieval.base import Retriever
 from searchteam.rewards.base import RewardScheme
 from searchteam.rl.experience import Sample, samples_from_episodes
 from searchteam.runtime import Sampling
+from searchteam.runtime.failures import TeamBugs
 from searchteam.runtime.runner import make_backends, run_episode
 from searchteam.teams import Team
 from searchteam.train.config import TrainRunConfig
@@ -97,6 +98,10 @@ class TeamEnvironment:
     retriever: Retriever | None
     reward: RewardScheme
     sampling: Sampling
+    bugs: TeamBugs = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.bugs = TeamBugs(self.method)  # over the process's life: a bug that repeats stops the framework
 
     @classmethod
     def from_config(cls, config: TrainRunConfig) -> TeamEnvironment:
@@ -140,11 +145,19 @@ class TeamEnvironment:
     ) -> Episode:
         """One scored episode: the team answers through `llm`, then the method's reward scheme rewards it.
         `training=False` plays it as `searchteam eval` does (a framework's validation): no training-only
-        calls, probes or truncation. A failed server request raises `FrameworkFault`."""
+        calls, probes or truncation. A failed server request raises `FrameworkFault`; a team bug seen
+        twice in this process raises `TeamBug` (`runtime.failures`), so the framework's run stops."""
         backends = make_backends({"policy": llm}, self.retriever)
         try:
             episode = await run_episode(
-                self.team.solve, self.method, question, backends, self.sampling, llm.name, training=training
+                self.team.solve,
+                self.method,
+                question,
+                backends,
+                self.sampling,
+                llm.name,
+                training=training,
+                bugs=self.bugs,
             )
         finally:
             for frontend in [*backends.llms.values(), backends.search]:
@@ -153,6 +166,7 @@ class TeamEnvironment:
         episode.group_id = group
         if episode.error:
             logger.warning("%s episode of %s failed: %s", self.method, question.id, episode.error)
+        self.bugs.check()
         self.reward([episode])
         return episode
 

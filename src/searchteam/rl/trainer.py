@@ -41,7 +41,7 @@ from searchteam.rl.policy import Policy
 from searchteam.rl.run_log import RunLog, credit_stats, light, mismatch_stats, mismatch_sums, role_stats
 from searchteam.rl.update import PolicyUpdater
 from searchteam.rl.warm_start.loop import WarmStartLoop
-from searchteam.types import Episode
+from searchteam.types import FAILURE_KINDS, Episode
 
 Rollout = Callable[..., list[Episode]]  # rollout(step) or rollout(step, attempt=k)
 RewardFn = Callable[[list[Episode]], None]
@@ -140,11 +140,14 @@ class Trainer:
         record["world_size"] = self.accelerator.num_processes
         episodes, samples, sampling = self._collect()
         collected = time.perf_counter()
-        failed = sum(1 for e in episodes if e.error)  # a team bug, a request the engine refused
-        num_episodes, num_samples, num_failed = sum_over_ranks(
-            self.accelerator, len(episodes), len(samples), failed
+        failed = [e.error_kind for e in episodes if e.error]  # a request the engine refused, a team bug, ...
+        by_kind = [failed.count(kind) for kind in FAILURE_KINDS]
+        num_episodes, num_samples, num_failed, *num_by_kind = sum_over_ranks(
+            self.accelerator, len(episodes), len(samples), len(failed), *by_kind
         )
         record.update(episodes=int(num_episodes), failed_episodes=int(num_failed), samples=int(num_samples))
+        kinds = zip(FAILURE_KINDS, num_by_kind, strict=True)
+        record.update({f"failed_episodes/{kind}": int(n) for kind, n in kinds})
         record.update(sampling)
         if num_samples:
             record.update(self.updater.rl_update(samples, self.step))

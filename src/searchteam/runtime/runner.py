@@ -13,6 +13,7 @@ from searchteam.progress import progress_bar
 from searchteam.retrieval.base import Retriever
 from searchteam.runtime.batcher import Batcher, Dispatcher
 from searchteam.runtime.context import Backends, Context, LLMFrontend, Sampling, SearchRequest, TurnHook
+from searchteam.runtime.failures import TeamBugs, describe_failure, failure_kind
 from searchteam.types import Episode, Passage, Question
 
 TeamRun = Callable[[Question, Context], Awaitable[str]]
@@ -74,15 +75,19 @@ async def run_episodes(
     on_turn: TurnHook | None = None,
     progress: bool = True,
     training: bool = False,
+    bugs: TeamBugs | None = None,
 ) -> tuple[list[Episode], RunStats]:
     """Run `team_run` on every question with at most `concurrency` episodes in flight.
 
-    A failing episode (a bug in a team, say) is recorded with its error and the run goes on; a dead
-    backend (LLMError, RetrievalError) stops the run, since every other episode would fail the same way.
-    Each finished episode is handed to `on_episode` at once, so callers can persist it incrementally;
-    each turn to `on_turn` as it is recorded, so callers can show the team at work. The episodes come
-    back in the order of `questions`."""
+    A failing episode is recorded with its error and kind (`runtime.failures`) and the run goes on, until
+    the same team bug repeats (`bugs`, the run's count; a fresh one per call when not given): then
+    `TeamBug` stops it. A dead backend (LLMError, RetrievalError) stops the run at once, since every
+    other episode would fail the same way. Each finished episode is handed to `on_episode` at once (a
+    failed one too, before the run stops), so callers can persist it incrementally; each turn to
+    `on_turn` as it is recorded, so callers can show the team at work. The episodes come back in the
+    order of `questions`."""
     questions = list(questions)
+    bugs = bugs or TeamBugs(method)
     limit = asyncio.Semaphore(concurrency)
     episodes: list[Episode | None] = [None] * len(questions)
     stats = RunStats()
@@ -93,17 +98,23 @@ async def run_episodes(
 
         async def one(position: int, q: Question) -> None:
             async with limit:
+                bugs.check()  # no episode starts once a bug has repeated
                 episode = await run_episode(
-                    team_run, method, q, backends, sampling, model_name, training, on_turn
+                    team_run, method, q, backends, sampling, model_name, training, on_turn, bugs
                 )
             episodes[position] = episode
             if on_episode:
                 on_episode(episode)
             bar.advance(task)
+            bugs.check()
 
+        tasks = [asyncio.ensure_future(one(i, q)) for i, q in enumerate(questions)]
         try:
-            await asyncio.gather(*(one(i, q) for i, q in enumerate(questions)))
-        finally:
+            await asyncio.gather(*tasks)
+        finally:  # a run that stops stops every episode still under way
+            for unfinished in tasks:
+                unfinished.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             for batcher in [*backends.llms.values(), backends.search]:
                 if batcher is not None:
                     await batcher.aclose()
@@ -124,17 +135,23 @@ async def run_episode(
     model_name: str = "",
     training: bool = False,
     on_turn: TurnHook | None = None,
+    bugs: TeamBugs | None = None,
 ) -> Episode:
-    """One episode on shared backends (which stay open): a team bug is recorded on the episode, a dead
-    backend (INFRASTRUCTURE_ERRORS) raises. `on_turn` is told of each turn as it is recorded."""
+    """One episode on shared backends (which stay open): a failure is recorded on the episode with its
+    kind, a bug also counted in `bugs`; a dead backend (INFRASTRUCTURE_ERRORS) raises. `on_turn` is told of
+    each turn as it is recorded."""
     episode = Episode(question=q, method=method, model=model_name)
     ctx = Context(episode, backends, sampling, training=training, on_turn=on_turn)
     started = time.perf_counter()
+    bug = None
     try:
         episode.answer = await team_run(q, ctx)
     except INFRASTRUCTURE_ERRORS:
         raise
     except Exception as exc:
-        episode.error = f"{type(exc).__name__}: {exc}"
+        episode.error, episode.error_kind = describe_failure(exc), failure_kind(exc)
+        bug = exc if episode.error_kind == "bug" else None
+    if bugs is not None:
+        bugs.ended(bug)
     episode.seconds = time.perf_counter() - started
     return episode

@@ -14,6 +14,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from searchteam.auth import ApiKeyMiddleware, check_bind
+from searchteam.errors import TeamBug
 from searchteam.eval.summary import episode_trace
 from searchteam.http_bounds import BoundedApp
 from searchteam.metrics import answer_scores
@@ -66,8 +67,11 @@ def create_app(service: TeamService, api_key: str | None = None) -> FastAPI:
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)  # outermost: refused before they count
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
+    @app.get("/health", response_model=None)
+    async def health() -> dict[str, Any] | JSONResponse:
+        if service.broken:
+            broken = {"status": "broken", "method": service.method, "error": _team_bug(service.broken)}
+            return JSONResponse(broken, status_code=503)
         return {
             "status": "ok",
             "method": service.method,
@@ -156,6 +160,8 @@ async def _ask_events(
                 yield sse(item, "turn")
     except INFRASTRUCTURE_ERRORS as exc:
         yield sse({"detail": _backend_failed(service, exc)}, "error")
+    except TeamBug as bug:
+        yield sse({"detail": _team_bug(bug)}, "error")
 
 
 async def _chat_chunks(
@@ -190,6 +196,8 @@ async def _chat_chunks(
                 yield SSE_DONE
     except INFRASTRUCTURE_ERRORS as exc:
         yield sse(OpenAIError(503, _backend_failed(service, exc)).body(), "error")
+    except TeamBug as bug:
+        yield sse(OpenAIError(500, _team_bug(bug)).body(), "error")
 
 
 async def _openai_error(_: Request, exc: Exception) -> JSONResponse:
@@ -202,10 +210,17 @@ async def _answer(service: TeamService, question: str, golds: list[str], kind: t
         return await service.answer(question, golds)
     except INFRASTRUCTURE_ERRORS as exc:
         raise fail(kind, 503, _backend_failed(service, exc)) from None
+    except TeamBug as bug:
+        raise fail(kind, 500, _team_bug(bug)) from None
 
 
 def _backend_failed(service: TeamService, exc: Exception) -> str:
     return f"the {service.method} team's backend failed: {exc}"
+
+
+def _team_bug(bug: TeamBug) -> str:
+    """The bug without its traceback, which the server's log shows as it stops."""
+    return f"{bug.headline} The server stops."
 
 
 def _team_failed(service: TeamService, episode: Episode) -> str:
@@ -220,8 +235,14 @@ def serve(
     allow_open: bool = False,
 ) -> None:
     """Serve `service` with uvicorn until interrupted (on uvloop and httptools where installed). Beyond the
-    loopback interface it needs an `api_key` unless `allow_open`."""
+    loopback interface it needs an `api_key` unless `allow_open`. A team bug that repeats stops the server
+    (requests in flight finish) and is raised here, with its traceback."""
     import uvicorn
 
     check_bind(host, api_key, allow_open)
-    uvicorn.run(create_app(service, api_key), host=host, port=port, log_level="info")
+    config = uvicorn.Config(create_app(service, api_key), host=host, port=port, log_level="info")
+    server = uvicorn.Server(config)
+    service.on_broken = lambda _: setattr(server, "should_exit", True)
+    server.run()
+    if service.broken:
+        raise service.broken

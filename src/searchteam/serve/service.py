@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 
 from searchteam.config import RunConfig
+from searchteam.errors import TeamBug
 from searchteam.factory import Components, build_components, build_sampling
 from searchteam.http_bounds import RequestGate
 from searchteam.runtime import Backends, Sampling, make_backends
 from searchteam.runtime.context import TurnHook
+from searchteam.runtime.failures import TeamBugs
 from searchteam.runtime.runner import run_episode
 from searchteam.runtime.turns import TurnFeed
 from searchteam.teams import Team
@@ -50,28 +52,53 @@ class TeamService:
         self.backends, self.sampling, self.limits = backends, sampling, limits or ServeLimits()
         self.served = 0
         self.cancelled = 0  # episodes stopped before their end: the client went away, or the time ran out
+        self.bugs = TeamBugs(method)
+        self.broken: TeamBug | None = None  # a team bug repeated: the service answers nothing more
+        self.on_broken: Callable[[TeamBug], None] | None = None  # e.g. stop the server
         self._ids = itertools.count(1)
         self._slots: asyncio.Semaphore | None = None
 
     async def answer(
         self, question: str, golden_answers: list[str] | None = None, on_turn: TurnHook | None = None
     ) -> Episode:
-        """Run the team on one question; a team bug is recorded on the episode, a dead backend raises.
-        `on_turn` is told of each turn as it finishes."""
+        """Run the team on one question; an expected failure or a first team bug is recorded on the
+        episode, a dead backend raises. A team bug seen twice raises `TeamBug`, then and for every later
+        request, and `on_broken` is told once. `on_turn` is told of each turn as it finishes."""
+        if self.broken:
+            raise self.broken
         try:
             async with self._semaphore():
-                return await self._episode(question, golden_answers or [], on_turn)
+                episode = await self._episode(question, golden_answers or [], on_turn)
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
         finally:
             self.served += 1
+        self._check_bugs()
+        return episode
 
     async def _episode(self, question: str, golden_answers: list[str], on_turn: TurnHook | None) -> Episode:
         q = Question(id=f"req-{next(self._ids)}", question=question, golden_answers=golden_answers)
         return await run_episode(
-            self.team.solve, self.method, q, self.backends, self.sampling, self.model, on_turn=on_turn
+            self.team.solve,
+            self.method,
+            q,
+            self.backends,
+            self.sampling,
+            self.model,
+            on_turn=on_turn,
+            bugs=self.bugs,
         )
+
+    def _check_bugs(self) -> None:
+        try:
+            self.bugs.check()
+        except TeamBug as bug:
+            if self.broken is None:
+                self.broken = bug
+                if self.on_broken:
+                    self.on_broken(bug)
+            raise
 
     def _semaphore(self) -> asyncio.Semaphore:
         if self._slots is None:
@@ -114,7 +141,7 @@ def build_service(
 async def episode_stream(
     service: TeamService, question: str, golds: list[str], request: Request | None = None
 ) -> AsyncIterator[dict[str, Any] | Episode]:
-    """Each turn's event as the turn finishes, then the episode (a dead backend raises).
+    """Each turn's event as the turn finishes, then the episode (a dead backend or a team bug raises).
 
     The episode runs as its own task, cancelled when the consumer stops early (its generator is closed
     or cancelled) or, given `request`, as soon as the client disconnects; then the stream just ends."""

@@ -22,6 +22,7 @@ from searchteam.llm import build_llm, resolve_backend
 from searchteam.llm.hf import HFBackend
 from searchteam.rl import Policy, TrainConfig
 from searchteam.runtime import make_backends, run_episodes
+from searchteam.runtime.failures import TeamBugs
 from searchteam.teams import Team
 from searchteam.train.config import TrainRunConfig, check_equal_shares, training_models
 from searchteam.types import Episode, Question
@@ -130,6 +131,7 @@ class SeededEngine(Protocol):
 class Rollout:
     """The team's episodes with the current weights: `rollout(step)`, or `rollout(step, attempt)` for a
     DAPO re-sampling round on fresh questions; each question runs `group_size` times with training=True.
+    A team bug seen twice in the run, in any steps, stops it (`TeamBug`, see `runtime.failures`).
 
     With the hf engine the backend shares the policy model (per-role adapters are switched by role before
     each batch); an `AdapterEngine` first loads the adapters saved under `workdir` (timed in `timings` as
@@ -158,6 +160,7 @@ class Rollout:
         self.retriever = build_run_retriever(cfg) if team.uses_retrieval else None
         self.sampling = build_sampling(cfg)
         self.timings: dict[str, float] = {}
+        self.bugs = TeamBugs(cfg.method)  # over the whole run: a bug that repeats stops it
         # processes on one server: the main process loads the adapters, the others adopt its served names
         self.shared = world > 1 and isinstance(self.backend, ServerEngine)
         self.adapter_dir = workdir / f"rank{0 if self.shared else rank}"
@@ -232,6 +235,7 @@ class Rollout:
                 progress=self.progress,
                 training=True,
                 on_episode=on_episode,
+                bugs=self.bugs,
             )
         )
         for episode in episodes:

@@ -44,6 +44,7 @@ from typing import Literal
 
 from pydantic import field_validator
 
+from searchteam.errors import DataError
 from searchteam.runtime.context import Context
 from searchteam.teams.base import Team, TeamOptions, TeamSettings
 from searchteam.teams.parsing import capped, last_tag, tag_pairs
@@ -197,9 +198,9 @@ def given_subquestions(q: Question) -> tuple[list[str], str] | None:
         return None
     mode = q.meta.get("subquestion_mode", "parallel")
     if not (isinstance(questions, list) and questions and all(isinstance(s, str) and s for s in questions)):
-        raise ValueError(f"question {q.id}: 'subquestions' must be a non-empty list of non-empty strings")
+        raise DataError(f"question {q.id}: 'subquestions' must be a non-empty list of non-empty strings")
     if mode not in ("parallel", "serial"):
-        raise ValueError(f"question {q.id}: 'subquestion_mode' must be 'parallel' or 'serial', not {mode!r}")
+        raise DataError(f"question {q.id}: 'subquestion_mode' must be 'parallel' or 'serial', not {mode!r}")
     return questions[:MAX_SUBQUESTIONS], mode
 
 
