@@ -170,3 +170,32 @@ def test_a_server_that_fails_is_named(tmp_path):
         (tmp_path / "adapter_config.json").write_text('{"r": 8}')
         with pytest.raises(LLMError, match=r"vLLM at http://127.0.0.1:9/v1 unreachable"):
             backend.load_adapters({"": tmp_path})
+
+
+async def test_a_request_waiting_for_a_pooled_connection_is_not_timed_out_and_sent_again():
+    """Five requests on a pool of one connection, each answered in 0.3 s under a 0.5 s read timeout: the
+    last waits 1.2 s for the connection, and each is sent once. The wait for a connection has no timeout
+    of its own (the backend bounds its requests at the pool's size)."""
+    engine = BusyEngine()
+    with serve_on_loopback(engine.app()) as url:
+        backend = OpenAIBackend("m", url, tokenizer=TOKENIZER, concurrency=1, timeout=0.5, max_retries=0)
+        completions = await asyncio.gather(*(backend.agenerate(request(150)) for _ in range(5)))
+        await backend.aclose()
+    assert [c.text for c in completions] == ["ok"] * 5 and engine.peak == 1
+    assert backend._new_client().timeout.pool is None  # noqa: SLF001
+
+
+def test_clients_close_idle_connections_before_the_server_does():
+    """An idle connection is closed by the client before uvicorn (vLLM's and searchteam's servers) closes
+    it, so a request never goes out on a connection the server is closing."""
+    import uvicorn
+
+    from searchteam.http_client import limits
+    from searchteam.retrieval.http import HTTPRetriever
+
+    server_keep_alive = uvicorn.Config(FastAPI()).timeout_keep_alive
+    backend = OpenAIBackend("m", "http://127.0.0.1:9/v1", tokenizer=TOKENIZER)
+    pool = backend._new_client()._transport._pool  # noqa: SLF001
+    retriever = HTTPRetriever("http://127.0.0.1:9")._client._transport._pool  # noqa: SLF001
+    assert pool._keepalive_expiry == retriever._keepalive_expiry == limits(1).keepalive_expiry  # noqa: SLF001
+    assert limits(1).keepalive_expiry < server_keep_alive

@@ -37,6 +37,7 @@ import httpx
 
 from searchteam.auth import auth_header
 from searchteam.errors import LLMError, RequestRejected
+from searchteam.http_client import limits, timeouts
 from searchteam.llm.base import (
     SHARED,
     Completion,
@@ -166,7 +167,7 @@ class OpenAIBackend:
         see the same filesystem."""
         version = f"{self._epoch}.{next(self._versions)}"
         new = {role: f"{self.namespace}:{role or 'shared'}@{version}" for role in adapters}
-        with httpx.Client(timeout=self.timeout, headers=self._headers()) as client:
+        with httpx.Client(timeout=timeouts(self.timeout), headers=self._headers()) as client:
             if not self._cleaned:
                 self._unload_stale(client)
             for role, folder in adapters.items():
@@ -192,13 +193,13 @@ class OpenAIBackend:
     def unload_stale(self) -> list[str]:
         """Unload the adapters on the servers in this namespace that this backend does not serve (left by a
         run that crashed or was resumed); returns their names."""
-        with httpx.Client(timeout=self.timeout, headers=self._headers()) as client:
+        with httpx.Client(timeout=timeouts(self.timeout), headers=self._headers()) as client:
             return self._unload_stale(client)
 
     def close(self) -> None:
         """Unload the adapters this backend loaded and route to the base model. Also runs when the backend
         is garbage-collected or the process exits."""
-        with httpx.Client(timeout=self.timeout, headers=self._headers()) as client:
+        with httpx.Client(timeout=timeouts(self.timeout), headers=self._headers()) as client:
             for name in list(self._owned):
                 self._unload_own(client, name)
         self._adapters = {}
@@ -297,8 +298,9 @@ class OpenAIBackend:
         return self._async_client
 
     def _new_client(self) -> httpx.AsyncClient:
-        limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
-        return httpx.AsyncClient(timeout=self.timeout, limits=limits, headers=self._headers())
+        return httpx.AsyncClient(
+            timeout=timeouts(self.timeout), limits=limits(self.concurrency), headers=self._headers()
+        )
 
     def _client_tokenizer(self) -> Any:
         """The tokenizer prompts are rendered with, or None when the server renders them (`render`)."""

@@ -9,6 +9,7 @@ import httpx
 
 from searchteam.auth import API_KEY_ENV, api_key_from_env, auth_header
 from searchteam.errors import RetrievalError
+from searchteam.http_client import limits, timeouts
 from searchteam.retrieval.corpus import split_contents
 from searchteam.types import Passage
 
@@ -19,6 +20,9 @@ def endpoint(url: str) -> str:
     """`http://host:port`, `.../` or `.../retrieve` all mean the same endpoint."""
     url = url.rstrip("/")
     return url if url.endswith("/retrieve") else f"{url}/retrieve"
+
+
+MAX_CONNECTIONS = 16  # searches of several threads at once (a run's batcher, a judge, ...)
 
 
 class HTTPRetriever:
@@ -39,7 +43,8 @@ class HTTPRetriever:
         self.base_url = self.url.removesuffix("/retrieve")
         self.timeout, self.max_retries, self.max_batch = timeout, max_retries, max_batch
         headers = auth_header(api_key or api_key_from_env())
-        self._client = httpx.Client(timeout=timeout, headers=headers)
+        pool = limits(MAX_CONNECTIONS)
+        self._client = httpx.Client(timeout=timeouts(timeout), limits=pool, headers=headers)
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         """Top-`k` passages per query; batches larger than `max_batch` go as several requests."""

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 Req = TypeVar("Req")
@@ -20,7 +20,6 @@ class BatchStats:
     batches: int = 0
     items: int = 0
     busy_seconds: float = 0.0  # with at least one call under way
-    batch_sizes: list[int] = field(default_factory=list)
     peak_in_flight: int = 0  # calls under way at once, at most (a batcher: its largest batch)
 
     @property
@@ -82,7 +81,6 @@ class Batcher(Generic[Req, Res]):
             self.stats.batches += 1
             self.stats.items += len(batch)
             self.stats.busy_seconds += time.perf_counter() - started
-            self.stats.batch_sizes.append(len(batch))
             self.stats.peak_in_flight = max(self.stats.peak_in_flight, len(batch))
 
     async def aclose(self) -> None:
