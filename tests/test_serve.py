@@ -285,3 +285,23 @@ def test_serve_flags_reach_the_servers_and_default_to_their_limits(monkeypatch: 
         "request_timeout_s": 2.5,
     }
     assert seen["team"] == ServeLimits(max_pending=3, max_body_bytes=100, request_timeout_s=2.5)
+
+
+def test_a_short_soak_serves_every_request_without_an_error(tmp_path):
+    """benchmarks/soak_serve.py for 15 s: 32 clients on every endpoint, plain and streamed, against the
+    real app, server and retriever. Every request is answered; the server counted each."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "soak_serve.py"
+    out = tmp_path / "soak.json"
+    run = subprocess.run(
+        [sys.executable, str(script), "--seconds", "15", "--sample-seconds", "5", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["errors"] == 0, figures["error_kinds"]
+    assert figures["requests"] >= 4 * figures["clients"] and figures["served"] == figures["requests"]

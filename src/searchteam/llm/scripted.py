@@ -10,20 +10,23 @@ Responder = Callable[[GenerationRequest], str]
 
 
 class ScriptedLLM:
-    """Answers each request with `responder(request)` or, given a list, the next scripted string."""
+    """Answers each request with `responder(request)` or, given a list, the next scripted string. With
+    `record` (the default) it keeps every request and batch size for the test to read."""
 
-    def __init__(self, script: list[str] | Responder, name: str = "scripted") -> None:
+    def __init__(self, script: list[str] | Responder, name: str = "scripted", record: bool = True) -> None:
         self.name = name
+        self.record = record
         self._responder = script if callable(script) else None
         self._queue = list(script) if not callable(script) else []
         self.requests: list[GenerationRequest] = []
         self.batch_sizes: list[int] = []
 
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
-        self.batch_sizes.append(len(requests))
+        if self.record:
+            self.batch_sizes.append(len(requests))
+            self.requests.extend(requests)
         out = []
         for req in requests:
-            self.requests.append(req)
             text = self._responder(req) if self._responder else self._next()
             text, _ = truncate_at_stop(text, req.sampling.stop)
             prompt_len = sum(len(m["content"].split()) for m in req.messages)
