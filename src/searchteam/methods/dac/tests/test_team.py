@@ -2,7 +2,6 @@ import asyncio
 
 import pytest
 
-from searchteam.data import load_benchmark
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.methods import build_reward_scheme, get_team
@@ -298,17 +297,3 @@ def test_parse_searcher():
     assert parse_searcher("<think>x</think>\n<STOP>").kind == "stop"
     assert parse_searcher("<search></search>").error == "empty <search> tag"
     assert parse_searcher("<answer>x</answer>").kind == "invalid"
-
-
-@pytest.mark.model
-def test_real_model_runs_dac_end_to_end(default_llm, bm25):
-    question = load_benchmark(["nq"], "smoke")[0]
-    team = get_team("dac", TeamSettings(top_k=2, max_turns=2))
-    backends = make_backends({"policy": default_llm}, bm25)
-    sampling = Sampling(max_new_tokens_per_role={"searcher": 48, "generator": 48})
-    episodes, _ = asyncio.run(run_episodes(team.run, "dac", [question], backends, sampling, progress=False))
-    ep = episodes[0]
-    assert ep.error is None and isinstance(ep.answer, str)
-    roles = [t.role for t in ep.turns]
-    assert roles[-1] == "generator" and set(roles[:-1]) == {"searcher"} and len(roles) >= 2
-    assert ep.meta["abstention"] is False and all("evidence" in s for s in ep.states)

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
-from searchteam.data import load_benchmark
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.methods import get_team
@@ -197,17 +194,3 @@ def test_token_caps_leave_room_for_think_and_tag():
     run(llm, max_turns=1)
     caps = {role_of(r): r.sampling.max_new_tokens for r in llm.requests}
     assert caps == {"planner": 256, "filter": 384, "answerer": 256}
-
-
-@pytest.mark.model
-def test_real_model_end_to_end(default_llm, bm25):
-    question = load_benchmark(["hotpotqa"], "smoke")[0]
-    team = get_team("decor", TeamSettings(max_turns=1, top_k=1))
-    backends = make_backends({"policy": default_llm}, bm25)
-    sampling = Sampling(max_new_tokens_per_role={"planner": 48, "filter": 32, "answerer": 32})
-    episodes, _ = asyncio.run(run_episodes(team.run, "decor", [question], backends, sampling, progress=False))
-    ep = episodes[0]
-    assert ep.error is None and isinstance(ep.answer, str)
-    roles = [t.role for t in ep.turns]
-    assert roles[0] == "planner" and roles[-1] == "answerer" and set(roles) <= set(ROLE_MARKERS)
-    assert all(t.completion_tokens > 0 for t in ep.turns)

@@ -1,6 +1,5 @@
 import pytest
 
-from searchteam.data import load_benchmark
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.methods import get_team
@@ -106,17 +105,3 @@ def test_first_sentence_and_concluded_answer(text, sentence, answer):
 
 
 # short replies keep the real-model test quick; the format is what is exercised
-SHORT = Sampling(max_new_tokens_per_role=dict.fromkeys(("reasoner", "answer"), 24))
-
-
-@pytest.mark.model
-async def test_real_model_runs_ircot(default_llm, bm25):
-    question = load_benchmark(["hotpotqa"], "smoke")[0]
-    team = get_team("ircot", TeamSettings(top_k=2, max_turns=2))
-    backends = make_backends({"policy": default_llm}, bm25)
-    episodes, _ = await run_episodes(team.run, team.name, [question], backends, SHORT, progress=False)
-    ep = episodes[0]
-    assert ep.error is None and isinstance(ep.answer, str)
-    roles = [t.role for t in ep.turns]
-    assert roles[0] == "reasoner" and set(roles) <= {"reasoner", "answer"} and roles.count("reasoner") <= 2
-    assert ep.retrievals[0].query == question.question

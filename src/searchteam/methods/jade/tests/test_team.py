@@ -1,6 +1,5 @@
 import pytest
 
-from searchteam.data import load_benchmark
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.methods import get_team
@@ -205,20 +204,6 @@ def test_parse_workflow(text, steps, ok):
 
 
 # short replies keep the real-model test quick; the format is what is exercised
-SHORT = Sampling(max_new_tokens_per_role=dict.fromkeys(("planner", "qr", "qds", "qdp", "ds", "ag", "as"), 24))
-
-
-@pytest.mark.model
-async def test_real_model_runs_jade(default_llm, bm25):
-    question = load_benchmark(["hotpotqa"], "smoke")[0]
-    team = get_team("jade", TeamSettings(top_k=2, max_turns=2))
-    backends = make_backends({"policy": default_llm}, bm25)
-    episodes, _ = await run_episodes(team.run, team.name, [question], backends, SHORT, progress=False)
-    ep = episodes[0]
-    assert ep.error is None and isinstance(ep.answer, str)
-    assert ep.turns[0].role == "planner"
-    assert {t.role for t in ep.turns} <= {"planner", "qr", "qds", "qdp", "ds", "ag", "as"}
-    assert 1 <= ep.meta["jade_rounds"] <= 2 and len(ep.states) == ep.meta["jade_rounds"]
 
 
 def given(questions: list[str], mode: str | None = None) -> Question:

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
-from searchteam.data import load_benchmark
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.methods import get_team
@@ -203,18 +200,3 @@ def test_malformed_search_searches_the_question_first_then_ends():
     assert len(searches) == 2 and not any(t.parsed_ok for t in searches)
     assert [r.query for r in ep.retrievals] == [QUESTION.question]
     assert searches[1].meta["action"] == "end"
-
-
-@pytest.mark.model
-def test_real_model_end_to_end(default_llm, bm25):
-    question = load_benchmark(["hotpotqa"], "smoke")[0]
-    team = get_team("mask", TeamSettings(max_turns=1, top_k=1))
-    backends = make_backends({"policy": default_llm}, bm25)
-    caps = {"plan": 48, "search": 16, "summary": 32, "update": 8, "answer": 16}
-    sampling = Sampling(max_new_tokens_per_role=caps)
-    episodes, _ = asyncio.run(run_episodes(team.run, "mask", [question], backends, sampling, progress=False))
-    ep = episodes[0]
-    assert ep.error is None and isinstance(ep.answer, str)
-    roles = [t.role for t in ep.turns]
-    assert roles[0] == "plan" and roles[-1] == "answer" and set(roles) <= set(ROLE_MARKERS)
-    assert ep.states and all(t.completion_tokens > 0 for t in ep.turns)

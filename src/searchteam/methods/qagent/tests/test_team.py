@@ -2,7 +2,6 @@ import asyncio
 
 import pytest
 
-from searchteam.data import load_benchmark
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.methods import get_team
@@ -152,20 +151,3 @@ def test_parse_round_tolerates_common_slips():
     cut = parse_round("<plan>p</plan><search><query>a</query><query>b</query><query>c", False)
     assert cut.kind == "search" and cut.queries == ["a", "b"] and "unclosed <search>" in cut.issues[0]
     assert parse_round("<plan>p</plan><search><query>a", False).kind == "malformed"
-
-
-@pytest.mark.model
-def test_real_model_runs_qagent_in_submodule_mode(default_llm, bm25):
-    question = load_benchmark(["hotpotqa"], "smoke")[0]
-    options = {"mode": "submodule", "max_retries": 1}
-    team = get_team("qagent", TeamSettings(top_k=1, max_turns=2, options=options))
-    backends = make_backends({"policy": default_llm}, bm25)
-    sampling = Sampling(max_new_tokens_per_role={"agent": 64, "generator": 16})
-    episodes, _ = asyncio.run(
-        run_episodes(team.run, "qagent", [question], backends, sampling, progress=False)
-    )
-    ep = episodes[0]
-    assert ep.error is None and isinstance(ep.answer, str)
-    roles = [t.role for t in ep.turns]
-    assert set(roles[:-1]) == {"agent"} and roles[-1] == "generator"
-    assert ep.states and all("passages" in s for s in ep.states)

@@ -2,7 +2,6 @@ import asyncio
 
 import pytest
 
-from searchteam.data import load_benchmark
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.methods import get_team
@@ -218,20 +217,3 @@ def test_run_config_options_reach_the_team():
 
     team = build_team(RunConfig(method="search_r1", options={"prompt": "paper", "action_tokens": 500}))
     assert team.prompt == "paper" and team.action_tokens == 500 and team.answer_tokens == 32
-
-
-@pytest.mark.model
-def test_real_model_runs_search_r1_end_to_end(default_llm, bm25):
-    question = load_benchmark(["hotpotqa"], "smoke")[0]
-    team = get_team("search_r1", TeamSettings(top_k=2, max_turns=2))
-    backends = make_backends({"policy": default_llm}, bm25)
-    sampling = Sampling(max_new_tokens_per_role={"agent": 48})
-    episodes, _ = asyncio.run(
-        run_episodes(team.run, "search_r1", [question], backends, sampling, progress=False)
-    )
-    ep = episodes[0]
-    assert ep.error is None and isinstance(ep.answer, str)
-    assert ep.turns and {t.role for t in ep.turns} == {"agent"}
-    assert all(t.completion_token_ids for t in ep.turns[:1])
-    sources = {s["source"] for s in ep.meta["transcript"]}
-    assert "model" in sources

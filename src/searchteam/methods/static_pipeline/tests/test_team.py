@@ -1,6 +1,5 @@
 import pytest
 
-from searchteam.data import load_benchmark
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.methods import get_team
 from searchteam.runtime import Sampling, make_backends, run_episodes
@@ -80,19 +79,6 @@ def test_parse_selection(text, ids, ok):
 
 
 # short replies keep the real-model test quick; the format is what is exercised
-SHORT = Sampling(max_new_tokens_per_role=dict.fromkeys(("qr", "ds", "ag"), 24))
-
-
-@pytest.mark.model
-async def test_real_model_runs_the_pipeline(default_llm, bm25):
-    question = load_benchmark(["hotpotqa"], "smoke")[0]
-    team = get_team("static_pipeline", TeamSettings(top_k=2, options={"max_queries": 2}))
-    backends = make_backends({"policy": default_llm}, bm25)
-    episodes, _ = await run_episodes(team.run, team.name, [question], backends, SHORT, progress=False)
-    ep = episodes[0]
-    assert ep.error is None and isinstance(ep.answer, str)
-    assert [t.role for t in ep.turns] == ["qr", "ds", "ag"]
-    assert 1 <= len(ep.retrievals) <= 2
 
 
 def test_the_selector_has_room_to_list_every_id_and_close_its_tag():
