@@ -51,5 +51,6 @@ def test_a_shipped_adapter_answers_as_recorded_with_its_run_settings(name: str, 
 
     recorded = json.loads(RECORDED.read_text()) if RECORDED.exists() else {}
     if RECORD:
-        RECORDED.write_text(json.dumps({**recorded, name: answers}, indent=2, sort_keys=True) + "\n")
+        recorded[name] = answers
+        RECORDED.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
     assert answers == recorded.get(name), f"{name}'s answers moved; if that was meant, record them again"

@@ -8,8 +8,6 @@ import json
 
 import pytest
 
-from searchteam.llm import build_llm
-from searchteam.llm.base import GenerationRequest, SamplingParams
 from searchteam.llm.models import PRESETS, TRAINED, checkpoint_of
 from searchteam.llm.ov import ov_base_and_adapters
 from searchteam.methods import METHODS, shipped_recipes
@@ -29,17 +27,6 @@ def test_a_shipped_adapter_is_a_small_checkpoint_of_its_preset(name: str) -> Non
         assert json.loads(config.read_text())["base_model_name_or_path"] == trained.base
         assert (config.parent / "adapter_model.safetensors").stat().st_size < MAX_ADAPTER_BYTES
     assert ov_base_and_adapters(str(trained.path))[0] == trained.base
-
-
-@pytest.mark.parametrize("name", sorted(TRAINED))
-def test_a_shipped_adapter_generates_by_name(name: str) -> None:
-    base = PRESETS[TRAINED[name].base]
-    if not all(importlib.util.find_spec(p) for p in base.packages):
-        pytest.skip(f"the base model's weights are not installed: {base.install}")
-    llm = build_llm(name, backend="ov")
-    request = GenerationRequest([{"role": "user", "content": "Name a city in France."}], SamplingParams(8))
-    (completion,) = llm.generate([request])
-    assert completion.text.strip()
 
 
 def test_models_lists_presets_and_trained_adapters() -> None:
