@@ -135,3 +135,44 @@ def test_a_server_stops_on_a_repeated_bug_and_says_so():
     assert health.status_code == 503 and health.json()["status"] == "broken"
     third = client.post("/v1/chat/completions", json=chat)  # refused without running the team
     assert third.status_code == 500 and service.served == 2
+
+
+def test_searchteam_serve_exits_with_the_bug_once_it_repeats():
+    """`serve.serve`, as `searchteam serve` runs it (uvicorn on a port): the second failure of the same bug
+    stops the server and `serve` raises it, so the command exits with the traceback."""
+    import socket
+    import threading
+    import time
+
+    import httpx
+
+    from searchteam.serve import serve
+
+    bug = Faulty(lambda q: IndexError("list index out of range"))
+    parts = Components(bug, {"policy": ScriptedLLM(paris)}, TinyRetriever(PASSAGES))
+    service = build_service(RunConfig(method="naive_rag"), parts)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    raised: list[BaseException] = []
+
+    def run_server() -> None:
+        try:
+            serve(service, port=port)
+        except TeamBug as stopped:
+            raised.append(stopped)
+
+    thread = threading.Thread(target=run_server, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            httpx.get(f"{url}/health", timeout=1)
+            break
+        except httpx.TransportError:
+            time.sleep(0.05)
+    asked = [httpx.post(f"{url}/ask", json={"question": "Where?"}, timeout=10) for _ in range(2)]
+    thread.join(10)
+    assert [reply.status_code for reply in asked] == [200, 500] and not thread.is_alive()
+    (stopped,) = raised
+    assert "IndexError" in stopped.headline and "Traceback" in str(stopped)
