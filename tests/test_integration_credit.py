@@ -18,7 +18,7 @@ from importlib.resources import files
 import pytest
 import yaml
 
-from searchteam.errors import ConfigError, FrameworkFault
+from searchteam.errors import ConfigError, FrameworkFault, TeamBug
 from searchteam.integrations.credit import Credit, CreditRow, row_credit
 from searchteam.integrations.environment import (
     TokenServerLLM,
@@ -145,6 +145,23 @@ def test_a_failed_server_request_aborts_the_rollout_instead_of_training_it(tmp_p
     question = env.question({**ROW, "method": "naive_rag"})
     with pytest.raises(FrameworkFault, match="ConnectionResetError: the actor died"):
         asyncio.run(env.play(question, TokenServerLLM(dead_server, smollm_tokenizer, name="verl"), group="g"))
+
+
+def test_a_team_bug_that_repeats_stops_the_frameworks_rollouts(tmp_path, smollm_tokenizer, monkeypatch):
+    """A bug in the team's own code fails its episode (trained as nothing); the second time, `TeamBug` leaves
+    the loop with its traceback, so the framework's run stops instead of training broken episodes."""
+    env = load_environment(run_config(tmp_path, "naive_rag"))
+
+    async def broken_run(q, ctx):
+        raise KeyError("passages")
+
+    monkeypatch.setattr(env.team, "run", broken_run)
+    server = TokenServerLLM(scripted_server(smollm_tokenizer, seed=0), smollm_tokenizer, name="verl")
+    question = env.question({**ROW, "method": "naive_rag"})
+    first = asyncio.run(env.play(question, server, group="g"))
+    assert first.error_kind == "bug" and first.reward == 0.0
+    with pytest.raises(TeamBug, match="in 2 of the 2 episodes so far: KeyError: 'passages'"):
+        asyncio.run(env.play(question, server, group="g"))
 
 
 @pytest.mark.parametrize(
