@@ -42,3 +42,23 @@ def test_every_variant_computes_the_gradient_of_the_update_before(tokenizer):
     for variant, seconds, relative_diff in rows:
         assert seconds > 0
         assert relative_diff < 1e-5, variant  # fp32 reorderings only: a wrong gradient differs by ~1
+
+
+def test_prefix_share_counts_each_shared_prefix_once(monkeypatch):
+    """benchmarks/prefix_share.py: the tokens of a shared-prefix update are the nodes of the token trie, by
+    hand: [1 2 3], [1 2 4], [1 2 3] and [5] hold 10 tokens and 5 distinct prefixes (1, 1 2, 1 2 3, 1 2 4, 5);
+    under two sets of weights nothing is shared across them."""
+    from searchteam.rl.experience import Sample
+
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    spec = importlib.util.spec_from_file_location("prefix_share", BENCH.parent / "prefix_share.py")
+    share = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(share)
+    assert share.distinct_prefix_tokens([[1, 2, 3], [1, 2, 4], [1, 2, 3], [5]]) == 5
+
+    def sample(prompt, completion, role):
+        return Sample(prompt, completion, [1] * len(completion), role, 0, "g", 0)
+
+    samples = [sample([1, 2], [3], "a"), sample([1, 2], [4], "a"), sample([1, 2], [3], "b")]
+    assert share.repeated_share(samples, lambda s: "shared") == (9, 4)
+    assert share.repeated_share(samples, lambda s: s.role) == (9, 4 + 3)
