@@ -83,8 +83,10 @@ def main() -> None:
 
     methods = args.methods.split(",") if args.methods else [m for m in METHODS if rollouts_path(m).exists()]
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(MODEL))
-    print("| method | episodes (groups) | samples | tokens | repeated prefix within a group | within the batch |")
-    print("|---|---|---|---|---|---|")
+    columns = ("method", "episodes (groups)", "samples", "tokens", "repeated prefix within a group",
+               "within the batch")  # fmt: skip
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
     for method in methods:
         m = measure(method, tokenizer)
         weights = ", one LoRA per role" if m["per_role"] else ""
