@@ -194,6 +194,28 @@ def test_skyrls_post_rollout_code_trains_each_turn_with_the_papers_credit(tmp_pa
     assert "loss/avg_raw_advantages" in trainer.all_metrics
 
 
+@pytest.mark.parametrize(
+    ("overrides", "estimator", "refusal"),
+    [
+        (["generator.step_wise_trajectories=false"], "grpo", "set generator.step_wise_trajectories=true"),
+        (["generator.merge_stepwise_output=true"], "grpo", "merge_stepwise_output merges the turns"),
+        ([], "gae", "needs SkyRL's critic: set trainer.critic.model.path"),
+    ],
+)
+def test_rows_searchteam_cannot_credit_are_refused_before_any_rollout(overrides, estimator, refusal):
+    from skyrl.train.config import SkyRLTrainConfig
+
+    from searchteam.errors import ConfigError
+    from searchteam.integrations.skyrl_trainer import refuse_rows_without_credit
+    from searchteam.rl.config import TrainConfig
+
+    base = ["generator.step_wise_trajectories=true", "trainer.algorithm.advantage_estimator=searchteam"]
+    cfg = SkyRLTrainConfig.from_cli_overrides([*base, *overrides])
+    with pytest.raises(ConfigError, match=refusal):
+        refuse_rows_without_credit(cfg, TrainConfig(estimator=estimator))
+    refuse_rows_without_credit(SkyRLTrainConfig.from_cli_overrides(base), TrainConfig())  # one row a turn
+
+
 def test_the_skyrl_generator_refuses_to_run_without_the_policys_model_name(tmp_path, smollm_tokenizer):
     from searchteam.errors import ConfigError
 

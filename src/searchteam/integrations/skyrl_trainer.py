@@ -66,18 +66,37 @@ def credit_tensors(
     return token_credit(rows, config, response_mask)
 
 
+def refuse_rows_without_credit(cfg: Any, credit_config: TrainConfig) -> None:
+    """Refuse, before any rollout, a SkyRL config whose training rows searchteam's credit cannot follow: rows
+    that are not one per turn (step-wise trajectories off, or merged by SkyRL after the rollout), or GAE
+    without SkyRL's critic."""
+    generator = cfg.generator
+    if not generator.step_wise_trajectories:
+        raise ConfigError(
+            f"advantage_estimator={ESTIMATOR} gives each turn its own advantage: set "
+            "generator.step_wise_trajectories=true"
+        )
+    if generator.merge_stepwise_output:
+        raise ConfigError(
+            f"generator.merge_stepwise_output merges the turns that advantage_estimator={ESTIMATOR} credits "
+            "one by one: set it false (the run config's train.merge_continuations merges continued turns, "
+            "as Search-R1 trains)"
+        )
+    if credit_config.uses_critic and cfg.trainer.critic.model.path is None:
+        raise ConfigError(
+            "the searchteam run config estimates some role with GAE, which needs SkyRL's critic: set "
+            "trainer.critic.model.path"
+        )
+
+
 class SearchTeamTrainer(trainer_module.RayPPOTrainer):
     """SkyRL's trainer whose advantages, under `advantage_estimator=searchteam`, are searchteam's."""
 
     def __init__(self, *args: Any, credit_config: TrainConfig, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.credit_config = credit_config
-        no_critic = self.cfg.trainer.critic.model.path is None
-        if self.searchteam_credit and credit_config.uses_critic and no_critic:
-            raise ConfigError(
-                "the searchteam run config estimates some role with GAE, which needs SkyRL's critic: set "
-                "trainer.critic.model.path"
-            )
+        if self.searchteam_credit:
+            refuse_rows_without_credit(self.cfg, credit_config)
 
     @property
     def searchteam_credit(self) -> bool:
@@ -92,11 +111,6 @@ class SearchTeamTrainer(trainer_module.RayPPOTrainer):
     def compute_advantages_and_returns(self, data: Any) -> Any:
         if not self.searchteam_credit:
             return super().compute_advantages_and_returns(data)
-        if not self.cfg.generator.step_wise_trajectories:
-            raise ConfigError(
-                f"advantage_estimator={ESTIMATOR} gives each turn its own advantage: set "
-                "generator.step_wise_trajectories=true"
-            )
         response_mask = data["response_mask"]
         advantages, returns = credit_tensors(
             data.metadata["uids"],
