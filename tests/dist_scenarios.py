@@ -97,6 +97,7 @@ def config(scenario: str) -> TrainConfig:
         },
         "equivalence": {"steps": 1, "mini_batch_size": 6, "max_grad_norm": 1e6, "lr": 1e-2},
     }
+    extra["shared_prefixes"] = extra["equivalence"] | {"share_prefixes": True}
     return TrainConfig(**(base | extra[scenario]))
 
 
@@ -142,7 +143,7 @@ def warm_start(tok, rank: int) -> WarmStart:
 
 def build(scenario: str, out: Path, ranks: list[int]) -> RecordingTrainer:
     """The scenario's trainer; its rollouts are the episodes of `ranks` (this process's rank, or every
-    rank's for the single-process reference of `equivalence`)."""
+    rank's for the single-process reference of `equivalence` and `shared_prefixes`)."""
     tok = tokenizer()
     cfg = config(scenario)
     policy: Policy = build_policy(tiny_model(tok, tied=scenario != "separate_full"), tok, cfg)

@@ -29,6 +29,7 @@ TRAINING = [
     "critic_checkpointed",
     "mixed",
     "equivalence",
+    "shared_prefixes",
 ]
 
 
@@ -69,7 +70,7 @@ def initial_weights(scenario: str) -> dict[str, torch.Tensor]:
     return dist_scenarios.build_policy(model, tok, cfg).trainable_state_dict()
 
 
-@pytest.mark.parametrize("scenario", [s for s in TRAINING if s != "equivalence"])
+@pytest.mark.parametrize("scenario", [s for s in TRAINING if s not in ("equivalence", "shared_prefixes")])
 def test_uneven_ranks_finish_with_identical_weights(two_ranks: Path, scenario: str):
     rank0, rank1 = results(two_ranks, scenario)
     assert rank0["weights"].keys() == rank1["weights"].keys()
@@ -104,14 +105,18 @@ def test_per_role_log_has_both_roles_of_both_processes(two_ranks: Path):
     assert records[0]["samples/plan"] == 3 + 3 and records[0]["samples/answer"] == 6
 
 
-def test_two_processes_take_the_single_process_steps_on_the_union(two_ranks: Path, tmp_path: Path):
+@pytest.mark.parametrize("scenario", ["equivalence", "shared_prefixes"])
+def test_two_processes_take_the_single_process_steps_on_the_union(
+    two_ranks: Path, tmp_path: Path, scenario: str
+):
     """Mini-batches are planned over every process's samples and the loss is normalized by the counts of
     all processes, so two processes take the optimizer steps one process takes over both processes'
-    samples: as many (two per batch here), each with the same gradient (DDP's average of the two)."""
+    samples: as many (two per batch here), each with the same gradient (DDP's average of the two). Also
+    when the two processes share prefixes and the one process does not."""
     torch.set_num_threads(1)
     single = dist_scenarios.build("equivalence", tmp_path, [0, 1])
     records = single.train()
-    rank0, _ = results(two_ranks, "equivalence")
+    rank0, _ = results(two_ranks, scenario)
     assert [r["updates"] for r in records] == [r["updates"] for r in rank0["records"]] == [2]
     assert len(single.grads) == len(rank0["grads"]) == 2
     for step, grads in enumerate(single.grads):

@@ -22,6 +22,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+from searchteam.llm.prefix_tree import PrefixTree, uses_tree_attention
+
 EntropyMode = Literal["none", "detached", "grad"]
 Weights = tuple[torch.Tensor, torch.Tensor | None]
 
@@ -62,16 +64,22 @@ def chosen_token_stats(
     entropy: EntropyMode = "none",
     mask: torch.Tensor | None = None,
     chunk_positions: int = CHUNK_POSITIONS,
+    tree: PrefixTree | None = None,
+    tokens: torch.Tensor | None = None,
 ) -> TokenStats:
     """`chosen_token_logprobs` plus, optionally, H = −Σ_v π(v) log π(v) at each completion position:
     `"grad"` keeps it differentiable (entropy bonus), `"detached"` only measures it. `mask` [B, C] (e.g. the
     loss mask) skips the positions where it is 0 (padding, environment text): their logprob and entropy
-    are 0 and they cost no projection."""
-    hidden = model.get_decoder()(
-        input_ids=input_ids, attention_mask=attention_mask, use_cache=False
-    ).last_hidden_state
-    picked = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
-    tokens = input_ids.gather(1, positions + 1)
+    are 0 and they cost no projection. With a `tree` (a packed row of shared prefixes, `input_ids` its
+    row), `positions` index the row and `tokens` [B, C] are the chosen tokens; `hidden` is then [1, N, H]."""
+    hidden = decoder_hidden(model, input_ids, attention_mask, tree)
+    if tree is None:
+        picked = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
+        tokens = input_ids.gather(1, positions + 1) if tokens is None else tokens
+    elif tokens is None:
+        raise ValueError("a packed row needs the chosen tokens")
+    else:
+        picked = hidden[0][positions]
     logprobs, ent = projected_stats(
         model.get_output_embeddings(),
         picked,
@@ -82,6 +90,19 @@ def chosen_token_stats(
         chunk_positions=chunk_positions,
     )
     return TokenStats(logprobs, hidden, ent)
+
+
+def decoder_hidden(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, tree: PrefixTree | None = None
+) -> torch.Tensor:
+    """The decoder's last hidden states of a right-padded batch [B, T, H], or of a packed row [1, N, H]."""
+    if tree is None:
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
+    elif not uses_tree_attention(model):
+        raise ValueError("this model cannot forward a packed row: call enable_tree_attention(model) first")
+    else:
+        inputs = tree.decoder_kwargs
+    return model.get_decoder()(**inputs).last_hidden_state
 
 
 def projected_stats(

@@ -8,7 +8,11 @@ similar length (sorted, so little padding), at most `micro_batch_size` samples a
 `micro_batch_tokens` padded tokens each; a micro-batch holds one kind of sample (RL or SFT) and, with
 per-role adapters, one role. The loss is normalized by the whole mini-batch's counts, so how a mini-batch is
 cut into micro-batches does not change its gradient. Every process derives the whole schedule from the same
-sample descriptions, so all agree on how many micro-batches each step takes (`lockstep`)."""
+sample descriptions, so all agree on how many micro-batches each step takes (`lockstep`).
+
+With shared prefixes (`share_prefixes`) a micro-batch is one packed row where each shared token prefix
+appears once (`searchteam.llm.prefix_tree`): a pool's samples are taken in token order, so that those with
+a common prefix meet, and a micro-batch holds as many as fit a budget of distinct tokens."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from searchteam.llm.prefix_tree import common_prefix
 from searchteam.rl.experience import Sample
 
 
@@ -29,10 +34,14 @@ class Slot:
     length: int  # prompt + completion tokens
     pool: tuple[str, bool]  # samples that may share a forward pass: (role with per-role adapters, sft)
     key: tuple  # its place in the batch, the same whatever the number of processes
+    ids: tuple[int, ...] = ()  # its tokens, when micro-batches share prefixes
 
 
-def slots_of(samples: list[Sample], rank: int = 0, per_role: bool = False) -> list[Slot]:
-    """One slot per sample of process `rank`; `per_role`: a forward pass holds one role (per-role LoRA)."""
+def slots_of(
+    samples: list[Sample], rank: int = 0, per_role: bool = False, share_prefixes: bool = False
+) -> list[Slot]:
+    """One slot per sample of process `rank`; `per_role`: a forward pass holds one role (per-role LoRA);
+    `share_prefixes`: the slots carry the tokens (`shared_micro_batches`)."""
     return [
         Slot(
             rank=rank,
@@ -40,9 +49,18 @@ def slots_of(samples: list[Sample], rank: int = 0, per_role: bool = False) -> li
             length=len(s.prompt_ids) + len(s.completion_ids),
             pool=(s.role if per_role else "", s.sft),
             key=(s.group_id, s.episode_id, s.turn_index, s.sft),
+            ids=tuple(s.prompt_ids + s.completion_ids) if share_prefixes else (),
         )
         for i, s in enumerate(samples)
     ]
+
+
+def pools_of(slots: list[Slot]) -> list[list[Slot]]:
+    """The slots that may share a forward pass, pool by pool in a fixed order."""
+    pools: dict[tuple[str, bool], list[Slot]] = defaultdict(list)
+    for slot in slots:
+        pools[slot.pool].append(slot)
+    return [pool for _, pool in sorted(pools.items())]
 
 
 def mini_batches(slots: list[Slot], size: int | None, generator: torch.Generator) -> list[list[Slot]]:
@@ -57,12 +75,12 @@ def mini_batches(slots: list[Slot], size: int | None, generator: torch.Generator
 
 def micro_batches(slots: list[Slot], max_samples: int, max_tokens: int | None = None) -> list[list[Slot]]:
     """Forward passes over `slots`: per pool, longest first, each filled while it holds at most
-    `max_samples` samples and (when set) `max_tokens` padded tokens (samples × its longest sample)."""
-    pools: dict[tuple[str, bool], list[Slot]] = defaultdict(list)
-    for slot in slots:
-        pools[slot.pool].append(slot)
+    `max_samples` samples and (when set) `max_tokens` padded tokens (samples × its longest sample). Slots
+    that carry their tokens share prefixes instead (`shared_micro_batches`)."""
+    if slots and slots[0].ids:
+        return shared_micro_batches(slots, max_samples, max_tokens)
     chunks: list[list[Slot]] = []
-    for _, pool in sorted(pools.items()):
+    for pool in pools_of(slots):
         current: list[Slot] = []
         for slot in sorted(pool, key=lambda s: (-s.length, s.key)):
             full = len(current) >= max_samples
@@ -72,6 +90,30 @@ def micro_batches(slots: list[Slot], max_samples: int, max_tokens: int | None = 
                 chunks.append(current)
                 current = []
             current.append(slot)
+        if current:
+            chunks.append(current)
+    return chunks
+
+
+def shared_micro_batches(
+    slots: list[Slot], max_samples: int, max_tokens: int | None = None
+) -> list[list[Slot]]:
+    """Packed forward passes over `slots` (which carry their tokens): per pool, in token order, each filled
+    while its distinct tokens (the packed row) stay within `max_tokens`, or when unset within the padded
+    size of the pool's largest plain micro-batch (`max_samples` × its longest sample). A longer sample
+    goes alone."""
+    chunks: list[list[Slot]] = []
+    for pool in pools_of(slots):
+        budget = max_tokens or max_samples * max(s.length for s in pool)
+        current: list[Slot] = []
+        packed = 0
+        for slot in sorted(pool, key=lambda s: (s.ids, s.key)):
+            added = slot.length - (common_prefix(current[-1].ids, slot.ids) if current else 0)
+            if current and packed + added > budget:
+                chunks.append(current)
+                current, packed, added = [], 0, slot.length
+            current.append(slot)
+            packed += added
         if current:
             chunks.append(current)
     return chunks

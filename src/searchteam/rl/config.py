@@ -207,6 +207,13 @@ class TrainConfig(BaseModel):
         description="padded tokens per forward pass (samples × longest sample), at most: micro-batches "
         "of short samples hold more of them; a longer sample goes alone; unset: no token budget",
     )
+    share_prefixes: bool = Field(
+        False,
+        description="forward each micro-batch as one packed row in which a token prefix shared by several "
+        "samples (the system prompt, the question, an earlier turn) is computed once: the same loss and "
+        "gradients for fewer tokens. Micro-batches then take samples in token order and are bounded by "
+        "distinct tokens: micro_batch_tokens, or micro_batch_size × the longest sample",
+    )
     merge_continuations: bool = Field(False, description="one trajectory sample per continued message")
     # run
     steps: int = Field(100, ge=0, description="RL steps (one rollout batch each); 0: the warm start only")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from searchteam.errors import ExperienceError
+from searchteam.llm.prefix_tree import PrefixTree, pack
 from searchteam.types import Episode, Turn
 
 Render = Callable[[Turn], str]
@@ -272,9 +273,10 @@ def samples_from_episodes(
 
 @dataclass
 class Batch:
-    """Right-padded tensors for one micro-batch. Completion token j of row i is predicted by the logit at
-    `target_index[i, j]`; the critic reads the hidden state at `value_index[i]` (the last prompt token,
-    i.e. the observation o_t the turn acted on)."""
+    """Tensors for one micro-batch: right-padded rows, or with a `tree` one packed row of shared prefixes
+    (`searchteam.llm.prefix_tree`). Completion token j of sample i (`target_ids[i, j]`) is predicted by the
+    logit at `target_index[i, j]` (row i's position, or the packed row's); the critic reads the hidden state
+    at `value_index[i]` (the last prompt token, i.e. the observation o_t the turn acted on)."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -287,10 +289,13 @@ class Batch:
     old_logprobs: torch.Tensor | None
     ref_logprobs: torch.Tensor | None
     roles: list[str]
+    target_ids: torch.Tensor
     rollout_logprobs: torch.Tensor | None = None  # nan where unknown
+    tree: PrefixTree | None = None
 
     def to(self, device: torch.device | str) -> Batch:
-        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        movable = (torch.Tensor, PrefixTree)
+        moved = {k: (v.to(device) if isinstance(v, movable) else v) for k, v in self.__dict__.items()}
         return Batch(**moved)
 
 
@@ -301,25 +306,37 @@ def _padded(rows: list[list[float]] | list[list[int]], width: int, fill: float, 
     return out
 
 
-def collate(samples: list[Sample], pad_id: int) -> Batch:
-    """Stack samples (prompt + completion, right padding) into a Batch; logprob fields are kept only when
-    every sample has them."""
+def collate(samples: list[Sample], pad_id: int, share_prefixes: bool = False) -> Batch:
+    """Stack samples (prompt + completion, right padding) into a Batch, or with `share_prefixes` pack them
+    into one row where each shared token prefix appears once; logprob fields are kept only when every
+    sample has them."""
     if not samples:
         raise ValueError("cannot collate an empty micro-batch")
     if any(not s.prompt_ids for s in samples):
         raise ExperienceError("a sample has an empty prompt; the first completion token needs a context")
     seqs = [s.prompt_ids + s.completion_ids for s in samples]
-    width = max(len(s) for s in seqs)
     cwidth = max(len(s.completion_ids) for s in samples)
     targets = [[len(s.prompt_ids) - 1 + j for j in range(len(s.completion_ids))] for s in samples]
     have_old = all(s.old_logprobs is not None for s in samples)
     have_ref = all(s.ref_logprobs is not None for s in samples)
+    if share_prefixes:
+        tree = pack(seqs)
+        input_ids, attention_mask = tree.input_ids, torch.ones_like(tree.input_ids)
+        targets = [tree.paths[i][row].tolist() for i, row in enumerate(targets)]
+        value_index = torch.stack([tree.paths[i][len(s.prompt_ids) - 1] for i, s in enumerate(samples)])
+    else:
+        tree, width = None, max(len(s) for s in seqs)
+        input_ids = _padded(seqs, width, pad_id, torch.long)
+        attention_mask = _padded([[1] * len(s) for s in seqs], width, 0, torch.long)
+        value_index = torch.tensor([len(s.prompt_ids) - 1 for s in samples], dtype=torch.long)
     return Batch(
-        input_ids=_padded(seqs, width, pad_id, torch.long),
-        attention_mask=_padded([[1] * len(s) for s in seqs], width, 0, torch.long),
+        input_ids=input_ids,
+        attention_mask=attention_mask,
         target_index=_padded(targets, cwidth, 0, torch.long),
         loss_mask=_padded([s.loss_mask for s in samples], cwidth, 0.0, torch.float32),
-        value_index=torch.tensor([len(s.prompt_ids) - 1 for s in samples], dtype=torch.long),
+        value_index=value_index,
+        target_ids=_padded([s.completion_ids for s in samples], cwidth, pad_id, torch.long),
+        tree=tree,
         advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
         returns=torch.tensor([s.returns for s in samples], dtype=torch.float32),
         old_values=torch.tensor([s.old_value for s in samples], dtype=torch.float32),

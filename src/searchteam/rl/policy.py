@@ -16,7 +16,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from searchteam.llm.logprobs import EntropyMode, chosen_token_stats
+from searchteam.llm.logprobs import EntropyMode, chosen_token_stats, decoder_hidden
+from searchteam.llm.prefix_tree import PrefixTree, enable_tree_attention
 from searchteam.rl.config import Critic, TrainConfig
 from searchteam.rl.experience import Batch
 
@@ -45,12 +46,14 @@ class Policy(nn.Module):
         reference: bool = False,
         temperature: float = 1.0,
         gradient_checkpointing: bool = False,
+        share_prefixes: bool = False,
     ) -> None:
         """`value_head` adds a critic. `critic="head"` puts it on the policy's own last hidden state (the
         value loss then also trains the policy's weights); `critic="separate"` gives it a value model of
         its own, the paper's V_φ (M-ASK Eq. 5): a LoRA adapter `critic` on the shared frozen backbone, or
         with full fine-tuning a trainable copy of the model (its unused LM head frozen).
-        `gradient_checkpointing` recomputes each layer's activations in the backward pass."""
+        `gradient_checkpointing` recomputes each layer's activations in the backward pass;
+        `share_prefixes` lets a forward pass take a packed row of shared prefixes (`Batch.tree`)."""
         super().__init__()
         if mode == "role_lora" and not roles:
             raise ValueError("role_lora needs the role names (one adapter per role)")
@@ -63,6 +66,8 @@ class Policy(nn.Module):
         self.mode: Mode = mode
         self.roles = sorted(roles) if mode == "role_lora" else []
         self.temperature = temperature
+        if share_prefixes:
+            enable_tree_attention(model)
         self.ref_model = _frozen_copy(model) if reference and mode == "full" else None
         separate = value_head and critic == "separate"
         self.critic_model = _trainable_copy(model) if separate and mode == "full" else None
@@ -176,29 +181,44 @@ class Policy(nn.Module):
         entropy: EntropyMode = "none",
         critic: bool = True,
         mask: torch.Tensor | None = None,
+        tree: PrefixTree | None = None,
+        target_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Per-token logprobs [B, C] of the completion tokens (temperature-scaled, as sampled), with a
         critic head the value [B] of each turn's observation (unless `critic=False`: SFT micro-batches),
         and on request the per-token entropy [B, C] of the sampling distribution (`chosen_token_stats`).
-        Where `mask` [B, C] (the loss mask) is 0, both are 0 and cost no projection."""
+        Where `mask` [B, C] (the loss mask) is 0, both are 0 and cost no projection. With a `tree` the
+        batch is its packed row and `target_ids` [B, C] are the completion tokens (`Batch`)."""
         out = chosen_token_stats(
-            self.model, input_ids, attention_mask, target_index, self.temperature, entropy=entropy, mask=mask
+            self.model,
+            input_ids,
+            attention_mask,
+            target_index,
+            self.temperature,
+            entropy=entropy,
+            mask=mask,
+            tree=tree,
+            tokens=target_ids,
         )
         if self.value_head is None or not critic:
             return out.logprobs, None, out.entropy
-        hidden = self._critic_hidden(input_ids, attention_mask) if self.separate_critic else out.hidden
-        rows = torch.arange(hidden.shape[0], device=hidden.device)
-        values = self.value_head(hidden[rows, value_index].float()).squeeze(-1)
+        hidden = self._critic_hidden(input_ids, attention_mask, tree) if self.separate_critic else out.hidden
+        if tree is None:
+            picked = hidden[torch.arange(hidden.shape[0], device=hidden.device), value_index]
+        else:
+            picked = hidden[0, value_index]
+        values = self.value_head(picked.float()).squeeze(-1)
         return out.logprobs, values, out.entropy
 
-    def _critic_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def _critic_hidden(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, tree: PrefixTree | None
+    ) -> torch.Tensor:
         """Last hidden states of the separate value model: its own model copy, or the backbone with the
         critic adapter switched in for this one pass (then the generating adapter is restored)."""
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
         if self.critic_model is not None:
-            return self.critic_model.get_decoder()(**inputs).last_hidden_state
+            return decoder_hidden(self.critic_model, input_ids, attention_mask, tree)
         with self._using_adapter(CRITIC_ADAPTER):
-            return self.model.get_decoder()(**inputs).last_hidden_state
+            return decoder_hidden(self.model, input_ids, attention_mask, tree)
 
     @torch.no_grad()
     def reference_logprobs(self, batch: Batch) -> torch.Tensor:
@@ -217,6 +237,8 @@ class Policy(nn.Module):
                 batch.target_index,
                 self.temperature,
                 mask=batch.loss_mask,
+                tree=batch.tree,
+                tokens=batch.target_ids,
             )
         return out.logprobs
 
@@ -399,6 +421,7 @@ def build_policy(model: nn.Module, tokenizer, config: TrainConfig) -> Policy:
         reference=config.kl_coef > 0,
         temperature=config.temperature,
         gradient_checkpointing=config.gradient_checkpointing,
+        share_prefixes=config.share_prefixes,
     )
 
 

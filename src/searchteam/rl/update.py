@@ -94,7 +94,9 @@ class PolicyUpdater:
     def slots(self, samples: list[Sample], rank: int = 0) -> list[Slot]:
         """`samples` of process `rank` as the schedule sees them; with per-role LoRA a forward pass holds
         one role."""
-        return slots_of(samples, rank, per_role=self.policy.mode == "role_lora")
+        return slots_of(
+            samples, rank, per_role=self.policy.mode == "role_lora", share_prefixes=self.config.share_prefixes
+        )
 
     def gather_slots(self, samples: list[Sample]) -> list[Slot]:
         """Every process's samples, as the schedule sees them (one all-gather of small tuples)."""
@@ -144,7 +146,7 @@ class PolicyUpdater:
         self.policy.eval()
         for chunk in self.forward_passes(scored):
             self.policy.activate(chunk[0].role)
-            batch = collate(chunk, self.pad_id).to(self.accelerator.device)
+            batch = self.collate(chunk)
             with self.accelerator.autocast():  # as the prepared model computes in training
                 logprobs, values, _ = self.policy(
                     batch.input_ids,
@@ -152,6 +154,8 @@ class PolicyUpdater:
                     batch.target_index,
                     batch.value_index,
                     mask=batch.loss_mask,
+                    tree=batch.tree,
+                    target_ids=batch.target_ids,
                 )
             for i, s in enumerate(chunk):
                 if id(s) in old:
@@ -162,11 +166,15 @@ class PolicyUpdater:
             return
         for chunk in self.forward_passes([s for s in samples if not s.sft]):
             self.policy.activate(chunk[0].role)
-            batch = collate(chunk, self.pad_id).to(self.accelerator.device)
+            batch = self.collate(chunk)
             with self.accelerator.autocast():
                 ref = self.policy.reference_logprobs(batch)
             for i, s in enumerate(chunk):
                 s.ref_logprobs = ref[i, : len(s.completion_ids)].float().cpu().tolist()
+
+    def collate(self, chunk: list[Sample]) -> Batch:
+        """A micro-batch's tensors on this process's device: padded rows, or one packed row."""
+        return collate(chunk, self.pad_id, self.config.share_prefixes).to(self.accelerator.device)
 
     def forward_passes(self, samples: list[Sample]) -> list[list[Sample]]:
         """`samples` in micro-batches of similar length (no shuffle, no collective: for scoring)."""
@@ -216,7 +224,7 @@ class PolicyUpdater:
                     self.accelerator.backward(self.padding_loss())
                     continue
                 self.policy.activate(chunk[0].role)
-                batch = collate(chunk, self.pad_id).to(self.accelerator.device)
+                batch = self.collate(chunk)
                 sft = chunk[0].sft  # a micro-batch is all SFT or all RL samples (`micro_batches`)
                 logprobs, values, entropy = self.model(
                     batch.input_ids,
@@ -226,6 +234,8 @@ class PolicyUpdater:
                     entropy="none" if sft else entropy_mode,
                     critic=not sft,
                     mask=batch.loss_mask,
+                    tree=batch.tree,
+                    target_ids=batch.target_ids,
                 )
                 if sft:
                     out = sft_loss(logprobs, batch.loss_mask, sft_coef, num_sft_tokens)
