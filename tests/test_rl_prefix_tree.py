@@ -1,7 +1,8 @@
 """The shared-prefix update: samples packed into one row where each shared token prefix appears once give
 the hidden states, logprobs, losses and gradients of the plain padded update, on a tiny random Llama with the
 real SmolLM2 tokenizer, for GRPO, PPO with a critic (head or separate adapter), one LoRA per role, gradient
-checkpointing, π_old reuse over two epochs and a KL reference pass. Two processes: tests/test_distributed.py."""
+checkpointing, π_old reuse over two epochs, a KL reference pass and SFT samples. Two processes:
+tests/test_distributed.py."""
 
 from __future__ import annotations
 

@@ -156,7 +156,7 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(TREE_ATTENTION, sdpa_mask)
 
 
 def enable_tree_attention(model: torch.nn.Module) -> None:
-    """Let `model` (an sdpa transformers model) forward a `PrefixTree`; any other forward pass is unchanged."""
+    """Let `model` (an sdpa transformers model) forward a `PrefixTree`; other forward passes are unchanged."""
     config = model.config
     if config._attn_implementation not in ("sdpa", TREE_ATTENTION):
         raise ValueError(
