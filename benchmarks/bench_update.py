@@ -11,32 +11,45 @@ tokens, completions of a few dozen). The variants add the changes in turn:
   +reuse   no scoring pass: the one optimizer step's own forward pass gives π_old
   +sorted  micro-batches of samples of similar length (what `searchteam train` now does)
   +budget  and a token budget per micro-batch (`--micro-batch-tokens`, when given)
+  +shared  each micro-batch packed into one row where every shared token prefix is computed once
+           (`train.share_prefixes`), micro-batches bounded by distinct tokens
 
 Each variant updates a fresh copy of the same policy on the same samples; it prints update tokens/s
-(prompt + completion tokens over the update's wall time), the ratio to `before`, and the largest difference
-of its gradient from `before`'s relative to the gradient's largest entry (the variants compute the same
-gradient: tests/test_bench_update.py checks it on a tiny model).
+(prompt + completion tokens over the update's wall time), the ratio to the first variant, the peak memory
+the update added (resident set, sampled every 20 ms), the largest difference of its gradient from the
+first variant's relative to the gradient's largest entry (the variants compute the same gradient:
+tests/test_bench_update.py checks it on a tiny model), and the share of the machine's assumed peak
+(`--peak-gflops`) that the computed tokens reach (a forward and backward of a frozen backbone with
+recomputed activations: 6 × the decoder's parameters per token). `--samples 0` takes the whole recorded
+batch (every group's samples, as one RL step updates on them).
 
     python benchmarks/bench_update.py --record search_r1   # once per method: writes benchmarks/data/
     python benchmarks/bench_update.py [--methods search_r1,mask] [--samples 8]
     python benchmarks/bench_update.py --dtypes bfloat16,float32 --variants +sorted --samples 2
+    python benchmarks/bench_update.py --methods mask,search_r1,decor --samples 0 --variants +sorted,+shared
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import ctypes
+import gc
 import gzip
 import random
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import NamedTuple
 
+import psutil
 import torch
 
+from searchteam.llm.prefix_tree import enable_tree_attention, pack
 from searchteam.rl.batching import Slot, mini_batches
 from searchteam.rl.config import TrainConfig
 from searchteam.rl.experience import Sample, samples_from_episodes
@@ -47,7 +60,7 @@ from searchteam.types import Episode
 
 DATA = Path(__file__).parent / "data"
 MERGED = {"search_r1"}  # methods trained as one trajectory per continued message (Search-R1's way)
-VARIANTS = ("before", "+mask", "+reuse", "+sorted", "+budget")
+VARIANTS = ("before", "+mask", "+reuse", "+sorted", "+budget", "+shared")
 
 
 def rollouts_path(method: str) -> Path:
@@ -76,10 +89,13 @@ def record(method: str, questions: int) -> Path:
 
 
 def load_samples(method: str, tokenizer, count: int, seed: int = 0) -> list[Sample]:
-    """`count` training samples of the recorded rollouts (a seeded choice), with seeded rewards."""
+    """`count` training samples of the recorded rollouts (a seeded choice; 0: all of them), with seeded
+    rewards."""
     with gzip.open(rollouts_path(method), "rt") as lines:
         episodes = [Episode.model_validate_json(line) for line in lines]
     samples = samples_from_episodes(episodes, tokenizer, merge_continuations=method in MERGED)
+    if not count:
+        return with_rewards(samples, seed)
     chosen = random.Random(seed).sample(samples, min(count, len(samples)))
     return with_rewards(chosen, seed)
 
@@ -127,6 +143,7 @@ UPDATERS = {
     "+reuse": (ShuffledChunks, True),
     "+sorted": (PolicyUpdater, True),
     "+budget": (PolicyUpdater, True),
+    "+shared": (PolicyUpdater, True),
 }
 
 
@@ -141,14 +158,49 @@ def unmasked(policy: Policy) -> Iterator[None]:
         del policy.forward
 
 
-def update(
-    policy: Policy, samples: list[Sample], config: TrainConfig, variant: str
-) -> tuple[float, dict[str, torch.Tensor]]:
-    """One `variant` update of `policy` on copies of `samples`: seconds, and the optimizer step's gradient."""
+class PeakMemory:
+    """The largest resident set above the one at entry, sampled every 20 ms while the block runs. Memory
+    freed before entry is first handed back to the system (glibc's `malloc_trim`), so that what an earlier
+    update left in the allocator's free lists does not hide this one's peak."""
+
+    def __init__(self) -> None:
+        self.process = psutil.Process()
+        self.peak = 0
+
+    def __enter__(self) -> PeakMemory:
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        self.start = self.process.memory_info().rss
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def sample(self) -> None:
+        while not self.done.wait(0.02):
+            self.peak = max(self.peak, self.process.memory_info().rss - self.start)
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+class Measured(NamedTuple):
+    seconds: float
+    peak_bytes: int  # the resident set the update added at its peak
+    computed: int  # tokens through the decoder in training passes (padding included)
+    grads: dict[str, torch.Tensor]
+
+
+def update(policy: Policy, samples: list[Sample], config: TrainConfig, variant: str) -> Measured:
+    """One `variant` update of `policy` on copies of `samples`."""
     samples = copy.deepcopy(samples)
     updater, masked = UPDATERS[variant]
     if variant != "+budget":
         config = config.model_copy(update={"micro_batch_tokens": None})
+    if variant == "+shared":
+        config = config.model_copy(update={"share_prefixes": True})
+        enable_tree_attention(policy.model)
     grads: dict[str, torch.Tensor] = {}
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(policy, lambda step: [], lambda episodes: None, config, Path(run_dir))
@@ -161,12 +213,20 @@ def update(
             return step_if_finite(finite, grad_norm, optimizer)
 
         trainer.updater.step_if_finite = keep_gradient  # type: ignore[method-assign]
-        with nullcontext() if masked else unmasked(policy):
+        collate, computed = trainer.updater.collate, [0]
+
+        def counting(chunk: list[Sample]):
+            batch = collate(chunk)
+            computed[0] += batch.input_ids.numel() if torch.is_grad_enabled() else 0
+            return batch
+
+        trainer.updater.collate = counting  # type: ignore[method-assign]
+        with nullcontext() if masked else unmasked(policy), PeakMemory() as memory:
             start = time.perf_counter()
             record = trainer.updater.rl_update(samples, 0)
             seconds = time.perf_counter() - start
     assert record["updates"] == 1 and record["skipped_updates"] == 0, record
-    return seconds, grads
+    return Measured(seconds, memory.peak, computed[0], grads)
 
 
 def compare(
@@ -176,33 +236,64 @@ def compare(
     variants=VARIANTS[:4],
     budget: TrainConfig | None = None,
 ) -> Iterator[tuple[str, float, float]]:
-    """Per variant, as it finishes: seconds, and its gradient's largest difference from the first
-    variant's, relative to the largest entry of that gradient. `budget`: the +budget variant's settings
-    (default: `config`)."""
+    """Per variant, as it finishes: what `update` measured, and its gradient's largest difference from the
+    first variant's, relative to the largest entry of that gradient. `budget`: the +budget variant's
+    settings (default: `config`)."""
     reference: dict[str, torch.Tensor] = {}
     for variant in variants:
         settings = budget if variant == "+budget" and budget is not None else config
-        seconds, grads = update(make_policy(), samples, settings, variant)
-        reference = reference or grads
-        scale = max(max(g.abs().max().item() for g in reference.values()), 1e-30)
-        diff = max((grads[n] - g).abs().max().item() for n, g in reference.items())
-        yield variant, seconds, diff / scale
+        measured = update(make_policy(), samples, settings, variant)
+        reference = reference or measured.grads
+        yield variant, measured, relative_diff(measured.grads, reference)
 
 
-def measure(base: Policy, method: str, config: TrainConfig, variants: list[str], count: int) -> float:
-    """Print one line per variant of `method`'s update; returns the last variant's tokens/s."""
+def decoder_parameters(policy: Policy) -> int:
+    """The backbone's decoder parameters a token passes through (its embedding table is a lookup)."""
+    decoder = policy.model.get_decoder()
+    return sum(p.numel() for p in decoder.parameters()) - decoder.get_input_embeddings().weight.numel()
+
+
+def relative_diff(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
+    """The largest difference of `grads` from `reference`, relative to the largest entry of `reference`."""
+    scale = max(max(g.abs().max().item() for g in reference.values()), 1e-30)
+    return max((grads[n].float() - g.float()).abs().max().item() for n, g in reference.items()) / scale
+
+
+def measure(
+    base: Policy,
+    method: str,
+    config: TrainConfig,
+    variants: list[str],
+    count: int,
+    peak_gflops: float,
+    fp32: Policy | None = None,
+) -> float:
+    """Print one line per variant of `method`'s update; returns the last variant's tokens/s. `fp32`: the
+    same policy in fp32, whose +sorted gradient each variant's is also compared with."""
     samples = load_samples(method, base.tokenizer, count)
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     trained = sum(s.num_trained_tokens for s in samples)
     completion = sum(len(s.completion_ids) for s in samples)
+    distinct = pack([s.prompt_ids + s.completion_ids for s in samples]).input_ids.numel()
     print(
-        f"\n{method}: {len(samples)} samples, {tokens} tokens, {completion} in completions, {trained} trained"
+        f"\n{method}: {len(samples)} samples, {tokens} tokens ({distinct} distinct prefixes), "
+        f"{completion} in completions, {trained} trained"
     )
-    print(f"{'variant':<9} {'seconds':>8} {'tokens/s':>9} {'ratio':>6} {'gradient diff':>14}", flush=True)
+    header = ["variant", "seconds", "s/sample", "tokens/s", "ratio", "computed", "of-peak", "peak-MB"]
+    header += ["grad-diff", "vs-fp32"]
+    print("{:<8} {:>8} {:>8} {:>8} {:>6} {:>8} {:>7} {:>7} {:>9} {:>9}".format(*header), flush=True)
+    flops_per_token = 6 * decoder_parameters(base)
+    exact = update(copy.deepcopy(fp32), samples, config, "+sorted").grads if fp32 is not None else None
     before = speed = 0.0
-    for variant, seconds, diff in compare(lambda: copy.deepcopy(base), samples, config, variants):
-        before, speed = before or seconds, tokens / seconds
-        print(f"{variant:<9} {seconds:8.1f} {speed:9.1f} {before / seconds:6.2f} {diff:14.1e}", flush=True)
+    for variant, m, diff in compare(lambda: copy.deepcopy(base), samples, config, variants):
+        before, speed = before or m.seconds, tokens / m.seconds
+        share = flops_per_token * m.computed / m.seconds / (peak_gflops * 1e9)
+        print(
+            f"{variant:<8} {m.seconds:8.1f} {m.seconds / len(samples):8.2f} {speed:8.1f} "
+            f"{before / m.seconds:6.2f} {m.computed:8d} {share:7.1%} {m.peak_bytes / 2**20:7.0f} {diff:9.1e} "
+            f"{relative_diff(m.grads, exact) if exact else float('nan'):9.1e}",
+            flush=True,
+        )
     return speed
 
 
@@ -213,10 +304,19 @@ def main() -> None:
     parser.add_argument("--methods", default="search_r1,mask")
     parser.add_argument("--model", default="qwen2.5-coder-0.5b")
     parser.add_argument("--dtypes", default="auto", help="e.g. bfloat16,float32 (auto: what the recipes get)")
-    parser.add_argument("--samples", type=int, default=8, help="samples per update")
+    parser.add_argument("--samples", type=int, default=8, help="samples per update (0: the whole batch)")
+    parser.add_argument(
+        "--peak-gflops",
+        type=float,
+        default=332.0,
+        help="the machine's assumed peak (default: 2 cores × 2.6 GHz × 64 bf16 FLOP per cycle, AVX512-BF16)",
+    )
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--micro-batch-tokens", type=int, default=None)
     parser.add_argument("--variants", default=",".join(VARIANTS[:4]))
+    parser.add_argument(
+        "--fp32-reference", action="store_true", help="also compare each gradient with the fp32 policy's"
+    )
     args = parser.parse_args()
     if args.record:
         print(f"wrote {record(args.record, args.questions)}")
@@ -240,10 +340,15 @@ def main() -> None:
     dtypes = [str(pick_dtype(d, "cpu", training=True)).removeprefix("torch.") for d in args.dtypes.split(",")]
     for dtype in dtypes:
         base = load_policy(args.model, config, device="cpu", dtype=dtype)
+        fp32 = load_policy(args.model, config, device="cpu", dtype="float32") if args.fp32_reference else None
+        if fp32 is not None:
+            fp32.load_trainable_state_dict(base.trainable_state_dict())  # the same initial adapter
         size = f"micro-batches of {args.micro_batch_size}, {torch.get_num_threads()} threads"
         print(f"\n{args.model} ({dtype}), LoRA r=8, {size}")
         for method in methods:
-            speeds[method].append(measure(base, method, config, variants, args.samples))
+            speeds[method].append(
+                measure(base, method, config, variants, args.samples, args.peak_gflops, fp32)
+            )
         del base
     for method in methods if len(dtypes) == 2 else []:
         ratio = speeds[method][1] / speeds[method][0]
