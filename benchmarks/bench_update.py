@@ -10,9 +10,10 @@ tokens, completions of a few dozen). The variants add the changes in turn:
   +mask    only the loss mask's positions projected, the head's weight cast to fp32 once per pass
   +reuse   no scoring pass: the one optimizer step's own forward pass gives π_old
   +sorted  micro-batches of samples of similar length (what `searchteam train` now does)
-  +budget  and a token budget per micro-batch (`--micro-batch-tokens`, when given)
+  +budget  and a token budget per micro-batch (`--micro-batch-tokens`)
   +shared  each micro-batch packed into one row where every shared token prefix is computed once
-           (`train.share_prefixes`), micro-batches bounded by distinct tokens
+           (`train.share_prefixes`), micro-batches bounded by distinct tokens (`--micro-batch-tokens`, or
+           micro-batch size × the longest sample)
 
 Each variant updates a fresh copy of the same policy on the same samples; it prints update tokens/s
 (prompt + completion tokens over the update's wall time), the ratio to the first variant, the peak memory
@@ -196,7 +197,7 @@ def update(policy: Policy, samples: list[Sample], config: TrainConfig, variant: 
     """One `variant` update of `policy` on copies of `samples`."""
     samples = copy.deepcopy(samples)
     updater, masked = UPDATERS[variant]
-    if variant != "+budget":
+    if variant not in ("+budget", "+shared"):
         config = config.model_copy(update={"micro_batch_tokens": None})
     if variant == "+shared":
         config = config.model_copy(update={"share_prefixes": True})
@@ -324,7 +325,7 @@ def main() -> None:
     from searchteam.llm.hf import pick_dtype
     from searchteam.rl.policy import load_policy
 
-    variants = args.variants.split(",") + (["+budget"] if args.micro_batch_tokens else [])
+    variants = args.variants.split(",")
     config = TrainConfig(
         estimator="grpo",
         lora_r=8,

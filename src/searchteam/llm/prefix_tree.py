@@ -132,20 +132,23 @@ def tree_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    gqa = query.shape[1] != key.shape[1]
+    groups = query.shape[1] // key.shape[1]
     dropout = dropout if module.training else 0.0
     outputs = []
     for run in tree.runs:
+        keys, values = key.index_select(2, run.keys), value.index_select(2, run.keys)
+        if run.mask is not None and groups > 1:  # a masked GQA call falls back to the math kernel
+            keys, values = keys.repeat_interleave(groups, 1), values.repeat_interleave(groups, 1)
         outputs.append(
             F.scaled_dot_product_attention(
                 query[:, :, run.start : run.end],
-                key.index_select(2, run.keys),
-                value.index_select(2, run.keys),
+                keys,
+                values,
                 attn_mask=run.mask,
                 dropout_p=dropout,
                 is_causal=run.mask is None,
                 scale=scaling,
-                enable_gqa=gqa,
+                enable_gqa=run.mask is None and groups > 1,
             )
         )
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None

@@ -99,12 +99,12 @@ def shared_micro_batches(
     slots: list[Slot], max_samples: int, max_tokens: int | None = None
 ) -> list[list[Slot]]:
     """Packed forward passes over `slots` (which carry their tokens): per pool, in token order, each filled
-    while its distinct tokens (the packed row) stay within `max_tokens`, or when unset within the padded
-    size of the pool's largest plain micro-batch (`max_samples` × its longest sample). A longer sample
-    goes alone."""
+    while its distinct tokens (the packed row) stay within `max_tokens`, or when unset within the tokens
+    of an average plain micro-batch of the pool (`max_samples` × its mean sample length), which keeps the
+    peak memory of a pass near the plain update's. A longer sample goes alone."""
     chunks: list[list[Slot]] = []
     for pool in pools_of(slots):
-        budget = max_tokens or max_samples * max(s.length for s in pool)
+        budget = max_tokens or max_samples * sum(s.length for s in pool) // len(pool)
         current: list[Slot] = []
         packed = 0
         for slot in sorted(pool, key=lambda s: (s.ids, s.key)):
