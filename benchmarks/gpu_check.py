@@ -227,9 +227,14 @@ def main() -> None:
     updates = compare(
         lambda: copy.deepcopy(policy), with_rewards(samples), config, args.variants.split(","), budget
     )
-    for variant, measured, diff in updates:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    for variant, measured, diff in updates:  # each variant runs as the loop asks for it
         speed = f"{trained / measured.seconds:9.1f} tokens/s ({measured.seconds:.1f} s)"
         print(f"  {variant:<8} update {speed}, {measured.computed} tokens computed, gradient diff {diff:.1e}")
+        if device.type == "cuda":
+            print(f"           {peak_memory(device)}")
+            torch.cuda.reset_peak_memory_stats(device)
     batch = f"micro-batch {args.micro_batch_size} x {longest} tokens, KV cache of {rollout_tokens} tokens"
     print(f"estimate (searchteam.rl.memory_estimate, {batch}): {est.gib()}")
     print(f"openvino imported: {'openvino' in sys.modules}")
