@@ -205,14 +205,15 @@ class TrainConfig(BaseModel):
         None,
         ge=1,
         description="padded tokens per forward pass (samples × longest sample), at most: micro-batches "
-        "of short samples hold more of them; a longer sample goes alone; unset: no token budget",
+        "of short samples hold more of them; a longer sample goes alone; unset: no token budget. With "
+        "share_prefixes: the distinct tokens of a packed row",
     )
     share_prefixes: bool = Field(
         False,
         description="forward each micro-batch as one packed row in which a token prefix shared by several "
         "samples (the system prompt, the question, an earlier turn) is computed once: the same loss and "
         "gradients for fewer tokens. Micro-batches then take samples in token order and are bounded by "
-        "distinct tokens: micro_batch_tokens, or micro_batch_size × the longest sample",
+        "distinct tokens: micro_batch_tokens, or micro_batch_size × the mean sample length",
     )
     merge_continuations: bool = Field(False, description="one trajectory sample per continued message")
     # run
