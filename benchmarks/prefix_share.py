@@ -5,7 +5,8 @@ For the recorded rollouts of each method's 0.5B recipe (`bench_update.py --recor
 built as `searchteam train` builds them (merged trajectories for Search-R1). Under one set of weights (the
 shared LoRA, or each role's with `lora_per_role`), the tokens a shared-prefix update must compute are the
 nodes of the token trie of the samples' prompt + completion ids: every prefix once. The repeated share is
-1 − trie nodes ÷ tokens, over the samples of one GRPO group (the question's) and over the whole batch.
+1 − trie nodes ÷ tokens, over the samples of one GRPO group (the question's) and over the whole batch; and
+the mean share of a sample that it shares with a sample of the same role and another question.
 
     python benchmarks/prefix_share.py [--methods mask,search_r1]
 """
@@ -21,6 +22,7 @@ from bench_update import MERGED, rollouts_path
 from transformers import AutoTokenizer
 
 from searchteam.llm.models import resolve_model
+from searchteam.llm.prefix_tree import common_prefix
 from searchteam.methods import get_method
 from searchteam.rl.experience import Sample, samples_from_episodes
 from searchteam.train.config import load_train_run_config
@@ -53,6 +55,20 @@ def repeated_share(samples: list[Sample], key) -> tuple[int, int]:
     return total, sum(distinct_prefix_tokens(seqs) for seqs in sets.values())
 
 
+def across_questions(samples: list[Sample]) -> float:
+    """The mean share of a sample that is a prefix it shares with a sample of the same role and another
+    question (the system prompt and the role's instructions): what samples of different questions, such as
+    a warm start's shuffled mini-batch, can share."""
+    shares = []
+    for s in samples:
+        ids = s.prompt_ids + s.completion_ids
+        others = [o for o in samples if o.role == s.role and o.group_id != s.group_id]
+        if others:
+            shared = max(common_prefix(ids, o.prompt_ids + o.completion_ids) for o in others)
+            shares.append(shared / len(ids))
+    return sum(shares) / len(shares) if shares else 0.0
+
+
 def measure(method: str, tokenizer) -> dict[str, float]:
     with gzip.open(rollouts_path(method), "rt") as lines:
         episodes = [Episode.model_validate_json(line) for line in lines]
@@ -65,6 +81,7 @@ def measure(method: str, tokenizer) -> dict[str, float]:
     total, in_groups = repeated_share(samples, lambda s: (weights(s), s.group_id))
     _, in_batch = repeated_share(samples, weights)
     return {
+        "across": across_questions(samples),
         "episodes": len(episodes),
         "groups": len({e.group_id or e.question.id for e in episodes}),
         "samples": len(samples),
@@ -84,7 +101,7 @@ def main() -> None:
     methods = args.methods.split(",") if args.methods else [m for m in METHODS if rollouts_path(m).exists()]
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(MODEL))
     columns = ("method", "episodes (groups)", "samples", "tokens", "repeated prefix within a group",
-               "within the batch")  # fmt: skip
+               "within the batch", "shared with another question")  # fmt: skip
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     for method in methods:
@@ -92,7 +109,7 @@ def main() -> None:
         weights = ", one LoRA per role" if m["per_role"] else ""
         print(
             f"| {method}{weights} | {m['episodes']} ({m['groups']}) | {m['samples']} | {m['tokens']:,} | "
-            f"{m['group']:.1%} | {m['batch']:.1%} |"
+            f"{m['group']:.1%} | {m['batch']:.1%} | {m['across']:.1%} |"
         )
 
 
