@@ -190,3 +190,13 @@ def test_the_shared_prefix_update_equals_the_plain_update(tokenizer, tmp_path: P
             torch.testing.assert_close(
                 shared_grads[step][name], grad, rtol=1e-4, atol=1e-5 * scale, msg=f"step {step}: {name}"
             )
+
+
+def test_tree_attention_leaves_generation_unchanged(tokenizer):
+    """A policy that can take packed rows still generates as sdpa does (the hf engine may share it)."""
+    plain = tiny_model(tokenizer)
+    tree = tiny_model(tokenizer)
+    enable_tree_attention(tree)
+    prompt = torch.tensor([[5, 6, 7, 8, 9]])
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    assert torch.equal(plain.generate(prompt, **kwargs), tree.generate(prompt, **kwargs))

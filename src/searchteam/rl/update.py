@@ -99,7 +99,8 @@ class PolicyUpdater:
         )
 
     def gather_slots(self, samples: list[Sample]) -> list[Slot]:
-        """Every process's samples, as the schedule sees them (one all-gather of small tuples)."""
+        """Every process's samples, as the schedule sees them (one all-gather of small tuples; with shared
+        prefixes they carry their token ids)."""
         mine = self.slots(samples, self.accelerator.process_index)
         return gather_object(mine) if self.accelerator.num_processes > 1 else mine
 
