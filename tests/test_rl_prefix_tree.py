@@ -123,6 +123,22 @@ def with_shared_turns(samples: list[Sample]) -> list[Sample]:
     return samples + later + sft
 
 
+def count_tokens(trainer: Trainer) -> list[tuple[int, int]]:
+    """Per forward pass of `trainer`'s updater, as it runs: the tokens it computes and its samples' tokens."""
+    collate = trainer.updater.collate
+    rows: list[tuple[int, int]] = []
+
+    def counting(chunk: list[Sample]):
+        batch = collate(chunk)
+        rows.append(
+            (batch.attention_mask.sum().item(), sum(len(s.prompt_ids + s.completion_ids) for s in chunk))
+        )
+        return batch
+
+    trainer.updater.collate = counting  # type: ignore[method-assign]
+    return rows
+
+
 def update(tokenizer, run_dir: Path, share: bool, **overrides) -> tuple[list[dict], list[list[float]]]:
     """One RL update of a fresh tiny policy: each optimizer step's gradients and each sample's π_old."""
     cfg = config(share_prefixes=share, **overrides)
@@ -137,17 +153,7 @@ def update(tokenizer, run_dir: Path, share: bool, **overrides) -> tuple[list[dic
         return step_if_finite(finite, grad_norm, optimizer)
 
     trainer.updater.step_if_finite = recording  # type: ignore[method-assign]
-    collate = trainer.updater.collate
-    rows: list[tuple[int, int]] = []  # per forward pass: tokens computed, tokens of its samples
-
-    def counting(chunk: list[Sample]):
-        batch = collate(chunk)
-        rows.append(
-            (batch.attention_mask.sum().item(), sum(len(s.prompt_ids + s.completion_ids) for s in chunk))
-        )
-        return batch
-
-    trainer.updater.collate = counting  # type: ignore[method-assign]
+    rows = count_tokens(trainer)
     samples = with_shared_turns(rewarded_samples(tokenizer))
     record = trainer.updater.rl_update(samples, 0)
     assert record["skipped_updates"] == 0
@@ -200,3 +206,39 @@ def test_tree_attention_leaves_generation_unchanged(tokenizer):
     prompt = torch.tensor([[5, 6, 7, 8, 9]])
     kwargs = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
     assert torch.equal(plain.generate(prompt, **kwargs), tree.generate(prompt, **kwargs))
+
+
+def warm_start_gradients(tokenizer, run_dir: Path, share: bool) -> list[dict[str, torch.Tensor]]:
+    """The gradients of every optimizer step of one warm-start round (SFT mini-batches that every process
+    holds and shares out, `replicated`)."""
+    from tests.test_warm_start import no_reward, rl_config, scripted_stage
+
+    cfg = rl_config(share_prefixes=share, lr=1e-4, max_grad_norm=1e6)
+    policy = build_policy(tiny_model(tokenizer), tokenizer, cfg)
+    trainer = Trainer(policy, None, no_reward, cfg, run_dir, warm_start=scripted_stage(tokenizer, 1, []))
+    grads: list[dict[str, torch.Tensor]] = []
+    step_if_finite = trainer.updater.step_if_finite
+
+    def recording(finite, grad_norm, optimizer) -> bool:
+        named = dict(policy.named_parameters())
+        grads.append({n: named[n].grad.clone() for n in policy._trainable if named[n].grad is not None})
+        return step_if_finite(finite, grad_norm, optimizer)
+
+    trainer.updater.step_if_finite = recording  # type: ignore[method-assign]
+    rows = count_tokens(trainer)
+    trainer.run_warm_start()
+    computed, tokens = map(sum, zip(*rows, strict=True))
+    assert (computed < tokens) == share  # prefixes were shared, and only when asked
+    return grads
+
+
+def test_a_warm_start_with_shared_prefixes_takes_the_plain_steps(tokenizer, tmp_path: Path):
+    plain = warm_start_gradients(tokenizer, tmp_path / "plain", False)
+    shared = warm_start_gradients(tokenizer, tmp_path / "shared", True)
+    assert len(shared) == len(plain) > 1
+    for step, grads in enumerate(plain):
+        scale = max(g.abs().max().item() for g in grads.values())
+        for name, grad in grads.items():
+            torch.testing.assert_close(
+                shared[step][name], grad, rtol=1e-4, atol=1e-5 * scale, msg=f"step {step}: {name}"
+            )
