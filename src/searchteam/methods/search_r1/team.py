@@ -9,7 +9,7 @@ environment tokens (`turn.env_spans`) that RL masks out of the loss.
 Role: `agent`. Settings: `top_k` passages per search (paper default 3), `max_turns` actions (default 4;
 Search-R1 counts invalid actions as turns too). Options:
 - `prompt`: `default` (instruction as the system message plus one worked example, sized for small models)
-  or `paper` (Search-R1's exact template as the one user message; see prompts/search_r1.yaml);
+  or `paper` (Search-R1's exact template as the one user message; see `paper` in prompts.yaml);
 - `action_tokens`: the token budget of each action (default 128; Search-R1's `max_response_length` is
   500); `answer_tokens`: the budget of the forced final answer (default 32). A run's
   `max_new_tokens_per_role: {agent: N}` still overrides both.
