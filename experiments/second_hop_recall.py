@@ -9,7 +9,9 @@ the missing title is searched for with queries a searcher could write after read
 - `found passage`: the found supporting passage's text (a searcher that copies what it read);
 - `question + bridge`: the question with the missing title appended (a searcher that names the bridge
   entity it read);
-- `bridge`: the missing title alone.
+- `bridge`: the missing title alone;
+- `question, the next k unseen`: the question again, from a retriever that leaves out the passages already
+  returned (ranks k + 1 to 2k).
 
 Each query's top-k counts as a hit when it holds a passage of the missing title. Also counted: how often the
 found passage's text names the missing title (a searcher could copy the bridge from what it read). The
@@ -45,15 +47,17 @@ def two_hop(questions: list[Question]) -> list[Question]:
 def count(questions: list[Question], retriever, k: int) -> Counter:
     """Counts: questions, top-k holding both, one, none; then per query the hits on the missing title."""
     counts: Counter = Counter(questions=len(questions))
-    tops = retriever.search([q.question for q in questions], k)
+    deeper = retriever.search([q.question for q in questions], 2 * k)
     missing: list[tuple[Question, Passage, str]] = []
-    for q, top in zip(questions, tops, strict=True):
+    for q, ranked in zip(questions, deeper, strict=True):
         gold = set(q.meta["supporting_titles"])
-        found = [p for p in top if p.title in gold]
+        found = [p for p in ranked[:k] if p.title in gold]
         held = {p.title for p in found}
         counts[{2: "both in top-k", 1: "one in top-k", 0: "none in top-k"}[len(held)]] += 1
         if len(held) == 1:
-            missing.append((q, found[0], (gold - held).pop()))
+            bridge = (gold - held).pop()
+            missing.append((q, found[0], bridge))
+            counts["question, the next k unseen"] += any(p.title == bridge for p in ranked[k:])
     named = [bridge.lower() in found.text.lower() for _, found, bridge in missing]
     counts["bridge in found passage"] = sum(named)
     for name, query in QUERIES.items():
@@ -85,7 +89,7 @@ def main() -> None:
         )
         named = c["bridge in found passage"]
         print(f"  the found passage names the missing title: {named}/{one} ({named / max(one, 1):.0%})")
-        for name in QUERIES:
+        for name in [*QUERIES, "question, the next k unseen"]:
             share = c[name] / max(one, 1)
             print(f"  the missing one found by the query '{name}': {c[name]}/{one} ({share:.0%})")
 

@@ -34,3 +34,4 @@ def test_the_missing_title_is_counted_per_query():
     assert c["found passage"] == 0  # "Alpha was founded ..." finds Alpha and Gamma
     assert c["bridge"] == 2  # "Beta" finds Beta
     assert c["question + bridge"] == 0  # the question's first word still leads
+    assert c["question, the next k unseen"] == 0  # ranks 3-4 of "Where" and "Alpha": none
