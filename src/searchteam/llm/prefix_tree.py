@@ -14,6 +14,7 @@ not given a tree."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -68,7 +69,7 @@ class PrefixTree:
         }
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """The length of the longest common prefix of `a` and `b`."""
     n = min(len(a), len(b))
     for i in range(n):
