@@ -17,6 +17,7 @@ from searchteam.rl.batching import Slot, micro_batches
 from searchteam.rl.experience import Sample
 from searchteam.rl.policy import build_policy, enable_activation_checkpointing
 from searchteam.rl.trainer import Trainer
+from tests.dist_scenarios import RecordingTrainer
 from tests.test_rl_trainer import config, tiny_model
 from tests.test_rl_update import rewarded_samples
 
@@ -139,27 +140,35 @@ def count_tokens(trainer: Trainer) -> list[tuple[int, int]]:
     return rows
 
 
+def assert_shared_only_when_asked(rows: list[tuple[int, int]], share: bool) -> None:
+    computed, tokens = map(sum, zip(*rows, strict=True))
+    assert (computed < tokens) == share  # prefixes were shared, and only when asked
+
+
+def assert_same_steps(shared: list[dict[str, torch.Tensor]], plain: list[dict[str, torch.Tensor]]) -> None:
+    """As many optimizer steps, each with the same real gradient, to a tolerance scaled to the gradient."""
+    assert len(shared) == len(plain) >= 1
+    for step, grads in enumerate(plain):
+        scale = max(g.abs().max().item() for g in grads.values())
+        assert scale > 1e-4  # a real gradient, not rounding noise around zero
+        assert shared[step].keys() == grads.keys()
+        for name, grad in grads.items():
+            torch.testing.assert_close(
+                shared[step][name], grad, rtol=1e-4, atol=1e-5 * scale, msg=f"step {step}: {name}"
+            )
+
+
 def update(tokenizer, run_dir: Path, share: bool, **overrides) -> tuple[list[dict], list[list[float]]]:
     """One RL update of a fresh tiny policy: each optimizer step's gradients and each sample's π_old."""
     cfg = config(share_prefixes=share, **overrides)
     policy = build_policy(tiny_model(tokenizer), tokenizer, cfg)
-    trainer = Trainer(policy, lambda step: [], lambda episodes: None, cfg, run_dir)
-    grads: list[dict[str, torch.Tensor]] = []
-    step_if_finite = trainer.updater.step_if_finite
-
-    def recording(finite, grad_norm, optimizer) -> bool:
-        named = dict(policy.named_parameters())
-        grads.append({n: named[n].grad.clone() for n in policy._trainable if named[n].grad is not None})
-        return step_if_finite(finite, grad_norm, optimizer)
-
-    trainer.updater.step_if_finite = recording  # type: ignore[method-assign]
+    trainer = RecordingTrainer(policy, lambda step: [], lambda episodes: None, cfg, run_dir)
     rows = count_tokens(trainer)
     samples = with_shared_turns(rewarded_samples(tokenizer))
     record = trainer.updater.rl_update(samples, 0)
     assert record["skipped_updates"] == 0
-    computed, tokens = map(sum, zip(*rows, strict=True))
-    assert (computed < tokens) == share  # prefixes were shared, and only when asked
-    return grads, [s.old_logprobs for s in samples if not s.sft]
+    assert_shared_only_when_asked(rows, share)
+    return trainer.grads, [s.old_logprobs for s in samples if not s.sft]
 
 
 PLAIN_ROLES = {"lora_per_role": True, "roles": ["answer", "plan"]}
@@ -187,15 +196,7 @@ def test_the_shared_prefix_update_equals_the_plain_update(tokenizer, tmp_path: P
     shared_grads, shared_old = update(tokenizer, tmp_path / "shared", True, **settings)
     for old, expected in zip(shared_old, plain_old, strict=True):
         torch.testing.assert_close(torch.tensor(old), torch.tensor(expected), rtol=1e-5, atol=1e-5)
-    assert len(shared_grads) == len(plain_grads) >= 1
-    for step, grads in enumerate(plain_grads):
-        scale = max(g.abs().max().item() for g in grads.values())
-        assert scale > 1e-4  # a real gradient, not rounding noise around zero
-        assert shared_grads[step].keys() == grads.keys()
-        for name, grad in grads.items():
-            torch.testing.assert_close(
-                shared_grads[step][name], grad, rtol=1e-4, atol=1e-5 * scale, msg=f"step {step}: {name}"
-            )
+    assert_same_steps(shared_grads, plain_grads)
 
 
 def test_tree_attention_leaves_generation_unchanged(tokenizer):
@@ -215,30 +216,16 @@ def warm_start_gradients(tokenizer, run_dir: Path, share: bool) -> list[dict[str
 
     cfg = rl_config(share_prefixes=share, lr=1e-4, max_grad_norm=1e6)
     policy = build_policy(tiny_model(tokenizer), tokenizer, cfg)
-    trainer = Trainer(policy, None, no_reward, cfg, run_dir, warm_start=scripted_stage(tokenizer, 1, []))
-    grads: list[dict[str, torch.Tensor]] = []
-    step_if_finite = trainer.updater.step_if_finite
-
-    def recording(finite, grad_norm, optimizer) -> bool:
-        named = dict(policy.named_parameters())
-        grads.append({n: named[n].grad.clone() for n in policy._trainable if named[n].grad is not None})
-        return step_if_finite(finite, grad_norm, optimizer)
-
-    trainer.updater.step_if_finite = recording  # type: ignore[method-assign]
+    stage = scripted_stage(tokenizer, 1, [])
+    trainer = RecordingTrainer(policy, None, no_reward, cfg, run_dir, warm_start=stage)
     rows = count_tokens(trainer)
     trainer.run_warm_start()
-    computed, tokens = map(sum, zip(*rows, strict=True))
-    assert (computed < tokens) == share  # prefixes were shared, and only when asked
-    return grads
+    assert_shared_only_when_asked(rows, share)
+    return trainer.grads
 
 
 def test_a_warm_start_with_shared_prefixes_takes_the_plain_steps(tokenizer, tmp_path: Path):
     plain = warm_start_gradients(tokenizer, tmp_path / "plain", False)
     shared = warm_start_gradients(tokenizer, tmp_path / "shared", True)
-    assert len(shared) == len(plain) > 1
-    for step, grads in enumerate(plain):
-        scale = max(g.abs().max().item() for g in grads.values())
-        for name, grad in grads.items():
-            torch.testing.assert_close(
-                shared[step][name], grad, rtol=1e-4, atol=1e-5 * scale, msg=f"step {step}: {name}"
-            )
+    assert len(plain) > 1
+    assert_same_steps(shared, plain)
