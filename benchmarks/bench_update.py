@@ -13,7 +13,7 @@ tokens, completions of a few dozen). The variants add the changes in turn:
   +budget  and a token budget per micro-batch (`--micro-batch-tokens`)
   +shared  each micro-batch packed into one row where every shared token prefix is computed once
            (`train.share_prefixes`), micro-batches bounded by distinct tokens (`--micro-batch-tokens`, or
-           micro-batch size × the longest sample)
+           micro-batch size × the mean sample length)
 
 Each variant updates a fresh copy of the same policy on the same samples; it prints update tokens/s
 (prompt + completion tokens over the update's wall time), the ratio to the first variant, the peak memory
