@@ -66,6 +66,9 @@ class RunConfig(BaseModel):
     max_turns: int | None = Field(
         None, ge=1, le=32, description="search rounds of an iterative method; unset: the paper's"
     )
+    new_passages_only: bool = Field(
+        False, description="a search leaves out the passages its episode already retrieved (returns k new)"
+    )
     temperature: float = Field(0.0, ge=0.0, le=5.0, description="sampling temperature (0: greedy)")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(

@@ -56,7 +56,12 @@ def with_adapter_settings(data: dict[str, Any], schema: type[RunConfig]) -> dict
 def build_team(config: RunConfig) -> Team:
     """The method's team; `top_k`/`max_turns` left unset in the config keep the team's paper defaults.
     A role, extra model or option the method does not have is a ConfigError (it would be ignored)."""
-    settings = TeamSettings(top_k=config.top_k, max_turns=config.max_turns, options=config.options)
+    settings = TeamSettings(
+        top_k=config.top_k,
+        max_turns=config.max_turns,
+        new_passages_only=config.new_passages_only,
+        options=config.options,
+    )
     cls = get_method(config.method).team
     check_names(config.method, "role", "max_new_tokens_per_role", config.max_new_tokens_per_role, cls.roles)
     check_names(config.method, "extra model", "extra_models", config.extra_models, cls.model_names)

@@ -59,6 +59,7 @@ class Context:
         self.on_turn = on_turn
         self.step = 0
         self.session = f"{id(episode):x}"  # this episode's requests, for a backend that keeps them together
+        self.new_passages_only = False  # set from the team's settings: searches return only unseen passages
 
     async def llm(
         self,
@@ -105,7 +106,9 @@ class Context:
         if self.backends.search is None:
             raise RuntimeError(f"method '{self.episode.method}' searched, but the run has no retriever")
         started = time.perf_counter()
-        passages = await self.backends.search.submit((query, k))
+        seen = self.retrieved_ids() if self.new_passages_only else set()
+        found = await self.backends.search.submit((query, k + len(seen)))
+        passages = [p for p in found if p.id not in seen][:k]
         self.episode.retrievals.append(
             Retrieval(
                 query=query,
@@ -117,6 +120,10 @@ class Context:
             )
         )
         return passages
+
+    def retrieved_ids(self) -> set[str]:
+        """The ids of every passage this episode's searches returned so far."""
+        return {p.id for r in self.episode.retrievals for p in r.passages}
 
     def snapshot(self, state: dict[str, Any]) -> None:
         """Record the team's structured state after a step, so a run can be replayed like a case study."""

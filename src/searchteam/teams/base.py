@@ -28,6 +28,7 @@ class TeamSettings(BaseModel):
 
     top_k: int | None = Field(None, ge=1, le=100, description="passages per retrieval")
     max_turns: int | None = Field(None, ge=1, le=32, description="cap on the team's search loop")
+    new_passages_only: bool = Field(False, description="searches leave out passages already retrieved")
     options: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -82,6 +83,7 @@ class Team(ABC):
         A small model copies its example when it has nothing to go on ("George Orwell" for "Who wrote
         Dune?"); the withdrawn answer stays in `episode.meta`, and the turn that wrote it is flagged as a
         format error."""
+        ctx.new_passages_only = self.settings.new_passages_only
         answer = await self.run(q, ctx)
         texts = [q.question, *(p.contents for r in ctx.episode.retrievals for p in r.passages)]
         if not unsupported_copy(answer, texts, self.example_answers()):

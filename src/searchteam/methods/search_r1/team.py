@@ -12,7 +12,10 @@ Search-R1 counts invalid actions as turns too). Options:
   or `paper` (Search-R1's exact template as the one user message; see `paper` in prompts.yaml);
 - `action_tokens`: the token budget of each action (default 128; Search-R1's `max_response_length` is
   500); `answer_tokens`: the budget of the forced final answer (default 32). A run's
-  `max_new_tokens_per_role: {agent: N}` still overrides both.
+  `max_new_tokens_per_role: {agent: N}` still overrides both;
+- `first_search`: `agent` (the paper) or `question`: before the agent's first action the environment
+  writes `<search> QUESTION </search>` and its `<information>`, so the agent starts from naive RAG's
+  evidence and searches on only for what it lacks (not in the paper).
 
 Fallbacks (each flags a format error on the turn, never raises):
 - an output with neither `<search>…</search>` nor `<answer>…</answer>` (or an empty query): Search-R1's
@@ -72,6 +75,9 @@ class SearchR1(Team):
         prompt: Literal["default", "paper"] = Field("default", description="our chat prompt or the paper's")
         action_tokens: int = Field(ACTION_TOKENS, ge=1, description="new tokens per action")
         answer_tokens: int = Field(ANSWER_TOKENS, ge=1, description="new tokens of the forced answer")
+        first_search: Literal["agent", "question"] = Field(
+            "agent", description="the first search: the agent's own, or the question's (naive RAG's evidence)"
+        )
 
     options: Options
 
@@ -80,6 +86,7 @@ class SearchR1(Team):
         self.prompt = self.options.prompt
         self.action_tokens = self.options.action_tokens
         self.answer_tokens = self.options.answer_tokens
+        self.first_search = self.options.first_search
 
     def messages(self, question: str) -> list[Message]:
         """The agent's prompt: our default chat, or Search-R1's template as its data scripts fill it."""
@@ -92,6 +99,8 @@ class SearchR1(Team):
     async def run(self, q: Question, ctx: Context) -> str:
         messages = self.messages(q.question)
         transcript = Transcript(ctx.episode)
+        if self.first_search == "question":
+            await self.search(q.question, ctx, transcript, opened=True)
         for step in range(self.settings.max_turns):
             ctx.step = step
             turn = await transcript.generate(
@@ -103,9 +112,7 @@ class SearchR1(Team):
                 ctx.snapshot(state)
                 return action.content
             if action.kind == "search":
-                passages = await ctx.search(action.content, self.settings.top_k)
-                transcript.add_env(information_block(passages))
-                state |= {"query": action.content, "passages": [p.id for p in passages]}
+                state |= await self.search(action.content, ctx, transcript)
             else:
                 turn.flag_format_error(action.error or "invalid action")
                 transcript.add_env(self.prompts["invalid_action"])
@@ -115,3 +122,13 @@ class SearchR1(Team):
         answer = await transcript.force_answer(ctx, "agent", messages, max_new_tokens=self.answer_tokens)
         ctx.snapshot({"action": "forced_answer"})
         return answer
+
+    async def search(
+        self, query: str, ctx: Context, transcript: Transcript, opened: bool = False
+    ) -> dict[str, object]:
+        """Retrieve for `query` and append the `<information>` block; `opened`: the environment also writes
+        the `<search>` tag, as if the agent had asked (the `first_search: question` option)."""
+        passages = await ctx.search(query, self.settings.top_k)
+        opener = f"<search> {query} </search>" if opened else ""
+        transcript.add_env(opener + information_block(passages))
+        return {"query": query, "passages": [p.id for p in passages]}

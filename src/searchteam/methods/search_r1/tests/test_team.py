@@ -217,3 +217,31 @@ def test_run_config_options_reach_the_team():
 
     team = build_team(RunConfig(method="search_r1", options={"prompt": "paper", "action_tokens": 500}))
     assert team.prompt == "paper" and team.action_tokens == 500 and team.answer_tokens == 32
+
+
+def test_first_search_question_starts_from_the_questions_own_passages():
+    def answer_after_reading(req: GenerationRequest) -> str:
+        assert req.continuation.startswith(f"<search> {QUESTION.question} </search>\n\n<information>")
+        return "<think> read </think>\n<answer> Thomas Mann </answer>"
+
+    ep = run(answer_after_reading, TeamSettings(options={"first_search": "question"}))
+    assert ep.answer == "Thomas Mann" and [r.query for r in ep.retrievals] == [QUESTION.question]
+    assert [s["source"] for s in ep.meta["transcript"]] == ["env", "model"]
+    assert ep.turns[0].env_spans == [[0, ep.turns[0].continuation_chars]]  # none of it is the model's
+
+
+def test_new_passages_only_leaves_out_what_earlier_searches_returned():
+    def same_query(req: GenerationRequest) -> str:
+        if req.continuation.count("<information>") == 2:
+            return "<answer> Thomas Mann </answer>"
+        return "<search> German novelist </search>"
+
+    team = get_team("search_r1", TeamSettings(top_k=1, new_passages_only=True))
+    backends = make_backends({"policy": ScriptedLLM(same_query)}, TinyRetriever(PASSAGES))
+    episodes, _ = asyncio.run(
+        run_episodes(team.solve, "search_r1", [QUESTION], backends, Sampling(), progress=False)
+    )
+    first, second = ([p.id for p in r.passages] for r in episodes[0].retrievals)
+    assert first == ["1"] and second and second[0] != "1"
+    plain = run(same_query, TeamSettings(top_k=1))
+    assert [p.id for r in plain.retrievals for p in r.passages] == ["1", "1"]
