@@ -14,12 +14,31 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from searchteam.rl.config import RoleEstimator, TrainConfig
 from searchteam.rl.experience import Sample
+
+
+class EstimatorOptions(Hashable, Protocol):
+    """What an estimator reads of a role's resolved options (`rl.config.RoleEstimator`)."""
+
+    estimator: str
+    gamma: float | None
+    lam: float | None
+    adv_scale_by_std: bool | None
+    whiten_advantages: bool | None
+
+
+class EstimatorConfig(Protocol):
+    """What the estimators read of a run's training config (`rl.config.TrainConfig`, which validates its
+    estimator names against this module's registry)."""
+
+    adv_eps: float
+
+    def estimator_of(self, role: str) -> EstimatorOptions: ...
 
 
 def gae(
@@ -101,7 +120,7 @@ def whiten(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
 
 # ---- the registry -----------------------------------------------------------------------------------
 
-EstimatorFn = Callable[[list[Sample], RoleEstimator, TrainConfig], None]
+EstimatorFn = Callable[[list[Sample], EstimatorOptions, EstimatorConfig], None]
 
 
 @dataclass(frozen=True)
@@ -145,18 +164,18 @@ def adv_estimator_names() -> list[str]:
     return sorted(_ESTIMATORS)
 
 
-def trains_critic(options: RoleEstimator) -> bool:
+def trains_critic(options: EstimatorOptions) -> bool:
     """Whether the turns of roles with these options are estimated with (and train) the critic."""
     return get_adv_estimator(options.estimator).critic
 
 
-def whitens(options: RoleEstimator) -> bool:
+def whitens(options: EstimatorOptions) -> bool:
     """Whether the advantages of roles with these options are whitened (a critic estimator's option)."""
     return trains_critic(options) and bool(options.whiten_advantages)
 
 
 @register_adv_est("gae", critic=True)
-def gae_advantages(samples: list[Sample], options: RoleEstimator, config: TrainConfig) -> None:
+def gae_advantages(samples: list[Sample], options: EstimatorOptions, config: EstimatorConfig) -> None:
     """Turn-level GAE over each episode's turns of the estimated roles, in order (M-ASK §3.3)."""
     by_episode: dict[int, list[Sample]] = defaultdict(list)
     for s in samples:
@@ -171,13 +190,13 @@ def gae_advantages(samples: list[Sample], options: RoleEstimator, config: TrainC
 
 
 @register_adv_est("grpo", by_role=False)
-def grpo_advantages(samples: list[Sample], options: RoleEstimator, config: TrainConfig) -> None:
+def grpo_advantages(samples: list[Sample], options: EstimatorOptions, config: EstimatorConfig) -> None:
     """GRPO over the trajectories of each question (QAgent Eq. 1), see `group_advantages`."""
     group_advantages(samples, False, config.adv_eps, bool(options.adv_scale_by_std))
 
 
 @register_adv_est("role_grpo", by_role=True)
-def role_grpo_advantages(samples: list[Sample], options: RoleEstimator, config: TrainConfig) -> None:
+def role_grpo_advantages(samples: list[Sample], options: EstimatorOptions, config: EstimatorConfig) -> None:
     """GRPO per role within each question (DECOR Eq. 6: each role is compared only with itself)."""
     group_advantages(samples, True, config.adv_eps, bool(options.adv_scale_by_std))
 
@@ -185,7 +204,7 @@ def role_grpo_advantages(samples: list[Sample], options: RoleEstimator, config: 
 # ---- advantages of samples --------------------------------------------------------------------------
 
 
-def assign_advantages(samples: list[Sample], config: TrainConfig, whitening: bool = True) -> None:
+def assign_advantages(samples: list[Sample], config: EstimatorConfig, whitening: bool = True) -> None:
     """Fill `advantage` (and `returns`) on every RL sample with its role's estimator (`estimator`, or the
     role's entry in `role_estimators`); SFT samples carry no advantage. Roles that share an estimator are
     estimated together: GAE runs over each episode's turns of those roles in order. `whitening=False`
@@ -196,9 +215,9 @@ def assign_advantages(samples: list[Sample], config: TrainConfig, whitening: boo
             whiten_samples(part, [s.advantage for s in part])
 
 
-def by_estimator(samples: list[Sample], config: TrainConfig) -> dict[RoleEstimator, list[Sample]]:
+def by_estimator(samples: list[Sample], config: EstimatorConfig) -> dict[EstimatorOptions, list[Sample]]:
     """The RL samples grouped by the estimator (and options) of their role."""
-    groups: dict[RoleEstimator, list[Sample]] = defaultdict(list)
+    groups: dict[EstimatorOptions, list[Sample]] = defaultdict(list)
     for s in samples:
         if not s.sft:
             groups[config.estimator_of(s.role)].append(s)
@@ -250,7 +269,7 @@ def group_advantages(samples: list[Sample], by_role: bool, eps: float, scale: bo
             s.advantage, s.returns = a, r
 
 
-def informative_mask(samples: list[Sample], config: TrainConfig) -> list[bool]:
+def informative_mask(samples: list[Sample], config: EstimatorConfig) -> list[bool]:
     """DAPO dynamic sampling at the trajectory level: False for the samples of a group whose trajectory
     rewards are all equal (zero advantage). Samples of other estimators (GAE) and SFT samples are kept."""
     dropped: set[int] = set()

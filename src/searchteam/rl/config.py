@@ -1,8 +1,5 @@
-"""Every knob of RL training in one validated object (defaults, then YAML, then CLI flags).
-
-One import circle is kept on purpose: `estimator` is validated against the estimator registry in
-`rl.advantages`, whose estimators read a `TrainConfig`; the registry is imported when a config is validated,
-so either module can be imported first."""
+"""Every knob of RL training in one validated object (defaults, then YAML, then CLI flags). `estimator`
+names are validated against the registry of `rl.advantages`, imported when a config is validated."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 
 def _registered_estimator(name: str) -> str:
-    from searchteam.rl.advantages import get_adv_estimator  # it imports this module
+    from searchteam.rl.advantages import get_adv_estimator  # imports torch: only when validating
 
     get_adv_estimator(name)  # unknown: ValueError naming the registered ones
     return name
