@@ -4,6 +4,8 @@ from the distribution the trainer scores; the GPU recipes state the memory they 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import get_args
 
@@ -63,3 +65,9 @@ def test_gpu_recipe_states_a_memory_that_fits_one_card(path: Path):
     )
     assert est.gib()["total"] == pytest.approx(stated, abs=0.05)
     assert stated < 70  # an 80 GB card, with room for the CUDA context and fragmentation
+
+
+def test_reading_a_training_config_does_not_load_torch():
+    code = "import sys, searchteam.train.config, searchteam.rl.config; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -51,7 +51,7 @@ def test_a_shipped_adapter_starts_its_recipe_again(name: str) -> None:
     import torch
     from safetensors.torch import load_file
 
-    from searchteam.rl import load_policy
+    from searchteam.rl.policy import load_policy
     from searchteam.train.config import initial_checkpoint, load_train_run_config
 
     trained = TRAINED[name]

@@ -19,7 +19,8 @@ from searchteam.llm.base import render_prompt_ids
 from searchteam.llm.hf import HFBackend, encode_prompts, generation_kwargs
 from searchteam.llm.models import PRESETS, resolve_model
 from searchteam.llm.openai import OpenAIBackend, run_namespace
-from searchteam.rl import TrainConfig, load_policy
+from searchteam.rl.config import TrainConfig
+from searchteam.rl.policy import load_policy
 from searchteam.train.config import load_train_run_config
 from searchteam.train.rollout import sync_adapters
 from tests.fake_vllm import QWEN_GENERATION_CONFIG, FakeVLLM, byte_tokenizer

@@ -18,8 +18,9 @@ from searchteam.factory import build_team, secondary_llm
 from searchteam.methods import build_reward_scheme
 from searchteam.metrics import answer_scores
 from searchteam.rewards.base import RewardScheme
-from searchteam.rl import Policy, Trainer, load_policy
 from searchteam.rl.distributed import make_accelerator
+from searchteam.rl.policy import Policy, load_policy
+from searchteam.rl.trainer import Trainer
 from searchteam.rl.warm_start import WarmStart, append_sampling, read_sampling, sampling_path
 from searchteam.teams import Team
 from searchteam.tracking import TrackingSetup, check_installed, trackers_for

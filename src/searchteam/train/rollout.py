@@ -20,7 +20,8 @@ from searchteam.errors import ConfigError
 from searchteam.factory import build_run_retriever, build_sampling, secondary_llm
 from searchteam.llm import build_llm, resolve_backend
 from searchteam.llm.hf import HFBackend
-from searchteam.rl import Policy, TrainConfig
+from searchteam.rl.config import TrainConfig
+from searchteam.rl.policy import Policy
 from searchteam.runtime import make_backends, run_episodes
 from searchteam.runtime.failures import TeamBugs
 from searchteam.teams import Team
