@@ -21,7 +21,7 @@ from searchteam.data import load_benchmark
 from searchteam.methods import get_team
 from searchteam.retrieval import build_retriever
 from searchteam.retrieval.base import Retriever
-from searchteam.rl.warm_start import save_collected
+from searchteam.rl.warm_start.data import save_collected
 from searchteam.teams.selectors import selection_fields
 from searchteam.types import Episode, Question, Turn
 

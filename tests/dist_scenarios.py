@@ -17,7 +17,7 @@ from searchteam.rl.config import TrainConfig, WarmStartConfig
 from searchteam.rl.distributed import make_accelerator
 from searchteam.rl.policy import Policy, build_policy
 from searchteam.rl.trainer import Trainer
-from searchteam.rl.warm_start import WarmStart
+from searchteam.rl.warm_start.data import WarmStart
 from searchteam.types import Episode, Question, Turn
 from tests.test_rl_trainer import tiny_model
 

@@ -16,7 +16,7 @@ from searchteam.rl.plot import plot_run
 from searchteam.rl.policy import Policy, build_policy
 from searchteam.rl.run_log import truncate_jsonl
 from searchteam.rl.trainer import Trainer
-from searchteam.rl.warm_start import (
+from searchteam.rl.warm_start.data import (
     WarmStart,
     append_kept,
     finished_rounds,

@@ -3,7 +3,7 @@
 import importlib.util
 from pathlib import Path
 
-from searchteam.rl.warm_start import read_collected
+from searchteam.rl.warm_start.data import read_collected
 from searchteam.teams.selectors import parse_selection
 from searchteam.types import Question
 from tests.helpers import PASSAGES, TinyRetriever

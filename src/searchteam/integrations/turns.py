@@ -24,7 +24,7 @@ from searchteam.files import read_jsonl_tolerant
 from searchteam.metrics import answer_scores
 from searchteam.retrieval.corpus import corpus_of_run, find_passages
 from searchteam.rl.experience import chat_render, group_key, turn_token_ids
-from searchteam.rl.warm_start import collected_rounds, read_collected
+from searchteam.rl.warm_start.data import collected_rounds, read_collected
 from searchteam.types import Episode, Passage, Question, Retrieval, Turn
 
 EVAL_RESULTS = "results.jsonl"

@@ -23,7 +23,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 
-import searchteam.rl.warm_start as ws
+import searchteam.rl.warm_start.data as ws
 from searchteam import tracking
 from searchteam.rl.advantages import informative_mask
 from searchteam.rl.checkpoints import (

@@ -21,7 +21,7 @@ from searchteam.rewards.base import RewardScheme
 from searchteam.rl.distributed import make_accelerator
 from searchteam.rl.policy import Policy, load_policy
 from searchteam.rl.trainer import Trainer
-from searchteam.rl.warm_start import WarmStart, append_sampling, read_sampling, sampling_path
+from searchteam.rl.warm_start.data import WarmStart, append_sampling, read_sampling, sampling_path
 from searchteam.teams import Team
 from searchteam.tracking import TrackingSetup, check_installed, trackers_for
 from searchteam.train.config import (

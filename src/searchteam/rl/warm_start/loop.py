@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 
-import searchteam.rl.warm_start as ws
+import searchteam.rl.warm_start.data as ws
 from searchteam.files import atomic_dir
 from searchteam.progress import progress_bar
 from searchteam.rl.config import WARM_START, TrainConfig

@@ -6,7 +6,7 @@ from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.methods import get_team
 from searchteam.methods.qagent.team import parse_round
-from searchteam.rl.warm_start import policy_turns
+from searchteam.rl.warm_start.data import policy_turns
 from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings
 from searchteam.types import Episode, Question
