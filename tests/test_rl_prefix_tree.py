@@ -15,7 +15,8 @@ import torch
 from searchteam.llm.prefix_tree import enable_tree_attention, pack
 from searchteam.rl.batching import Slot, micro_batches
 from searchteam.rl.experience import Sample
-from searchteam.rl.policy import build_policy, enable_activation_checkpointing
+from searchteam.rl.model_setup import enable_activation_checkpointing
+from searchteam.rl.policy import build_policy
 from searchteam.rl.trainer import Trainer
 from tests.dist_scenarios import RecordingTrainer
 from tests.test_rl_trainer import config, tiny_model

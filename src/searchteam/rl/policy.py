@@ -4,14 +4,10 @@ for PPO. Computes per-token logprobs (and per-turn values) for right-padded micr
 
 from __future__ import annotations
 
-import copy
-import json
 import re
-import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Literal
 
 import torch
 from torch import nn
@@ -20,8 +16,19 @@ from searchteam.llm.logprobs import EntropyMode, chosen_token_stats, decoder_hid
 from searchteam.llm.prefix_tree import PrefixTree, enable_tree_attention
 from searchteam.rl.config import Critic, TrainConfig
 from searchteam.rl.experience import Batch
+from searchteam.rl.model_setup import (
+    Mode,
+    enable_activation_checkpointing,
+    frozen_copy,
+    mode_of,
+    name_preset_base,
+    process_device,
+    read_full_checkpoint,
+    trainable_copy,
+    weight_dtype,
+    with_lora,
+)
 
-Mode = Literal["full", "lora", "role_lora"]
 SHARED_ADAPTER = "policy"
 CRITIC_ADAPTER = "critic"  # the separate value model's LoRA adapter (critic="separate")
 
@@ -68,9 +75,9 @@ class Policy(nn.Module):
         self.temperature = temperature
         if share_prefixes:
             enable_tree_attention(model)
-        self.ref_model = _frozen_copy(model) if reference and mode == "full" else None
+        self.ref_model = frozen_copy(model) if reference and mode == "full" else None
         separate = value_head and critic == "separate"
-        self.critic_model = _trainable_copy(model) if separate and mode == "full" else None
+        self.critic_model = trainable_copy(model) if separate and mode == "full" else None
         if gradient_checkpointing:
             context = None if mode == "full" else self._adapter_of_forward
             for trained in (model, self.critic_model):
@@ -82,7 +89,7 @@ class Policy(nn.Module):
         self.model = (
             model
             if mode == "full"
-            else _with_lora(model, adapters, lora_r, lora_alpha, lora_dropout, lora_targets)
+            else with_lora(model, adapters, lora_r, lora_alpha, lora_dropout, lora_targets)
         )
         self.separate_critic = separate
         hidden = model.config.hidden_size
@@ -288,7 +295,7 @@ class Policy(nn.Module):
         generating = [a for a in self.model.peft_config if a != CRITIC_ADAPTER]
         self.model.save_pretrained(directory, selected_adapters=generating)
         for config in directory.glob("*/adapter_config.json"):
-            _name_preset_base(config)
+            name_preset_base(config)
         if self.mode == "role_lora":
             return {name: directory / name for name in generating}
         return {"": directory / SHARED_ADAPTER}
@@ -300,18 +307,8 @@ class Policy(nn.Module):
             state = torch.load(directory / "trainable.pt", weights_only=True)
             self.load_trainable_state_dict(state, policy_only)
             return
-        from safetensors.torch import load_file
-
-        files = sorted((directory / "model").glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no model weights (*.safetensors) in {directory / 'model'}")
-        state = {f"model.{k}": v for f in files for k, v in load_file(f).items()}
-        if self.value_head is not None and not policy_only:
-            head = torch.load(directory / "value_head.pt", weights_only=True)
-            state.update({f"value_head.{k}": v for k, v in head.items()})
-        if self.critic_model is not None and not policy_only:
-            for f in sorted((directory / "critic").glob("*.safetensors")):
-                state.update({f"critic_model.{k}": v for k, v in load_file(f).items()})
+        head = self.value_head is not None and not policy_only
+        state = read_full_checkpoint(directory, head, self.critic_model is not None and not policy_only)
         self.load_trainable_state_dict({k: v for k, v in state.items() if k in self._params}, policy_only)
 
     def load_initial(self, checkpoint: Path) -> None:
@@ -353,56 +350,9 @@ class Policy(nn.Module):
                 )
 
 
-def _name_preset_base(adapter_config: Path) -> None:
-    """Name a preset base model by its preset name, not by this machine's cache path, so the adapter loads
-    anywhere the preset does."""
-    from searchteam.llm.models import preset_of
-
-    config = json.loads(adapter_config.read_text())
-    preset = preset_of(config.get("base_model_name_or_path") or "")
-    if preset is not None:
-        adapter_config.write_text(json.dumps({**config, "base_model_name_or_path": preset}, indent=2))
-
-
 def _is_critic(name: str) -> bool:
     """Whether a trainable tensor belongs to the critic (head, separate model or critic adapter)."""
     return name.startswith(("value_head.", "critic_model.")) or f".{CRITIC_ADAPTER}." in name
-
-
-def _trainable_copy(model: nn.Module) -> nn.Module:
-    return copy.deepcopy(model)
-
-
-def _frozen_copy(model: nn.Module) -> nn.Module:
-    ref = copy.deepcopy(model)
-    ref.eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
-
-
-def _with_lora(
-    model: nn.Module, names: Sequence[str], r: int, alpha: int, dropout: float, targets: Sequence[str]
-) -> nn.Module:
-    """The model with one LoRA adapter per name; the first one is active."""
-    from peft import LoraConfig, get_peft_model
-
-    def config() -> LoraConfig:
-        return LoraConfig(
-            r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets), task_type="CAUSAL_LM"
-        )
-
-    peft_model = get_peft_model(model, config(), adapter_name=names[0])
-    for name in names[1:]:
-        peft_model.add_adapter(name, config())
-    peft_model.set_adapter(names[0])
-    return peft_model
-
-
-def mode_of(config: TrainConfig) -> Mode:
-    if config.full_ft:
-        return "full"
-    return "role_lora" if config.lora_per_role else "lora"
 
 
 def build_policy(model: nn.Module, tokenizer, config: TrainConfig) -> Policy:
@@ -445,39 +395,3 @@ def load_policy(
     weights = weight_dtype(config, pick_dtype(dtype, place.type, training=True))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=weights)
     return build_policy(model, tokenizer, config).to(place)
-
-
-def process_device(device: str | torch.device | None) -> torch.device:
-    """Where this process's model lives: a given torch device (the training run's accelerator device:
-    `cuda:<local rank>` under several processes), else the named or best device."""
-    from searchteam.llm.hf import pick_device
-
-    return device if isinstance(device, torch.device) else torch.device(pick_device(device))
-
-
-def weight_dtype(config: TrainConfig, dtype: torch.dtype) -> torch.dtype:
-    """The dtype to load trained weights in. Full fine-tuning keeps fp32 master weights: AdamW's per-step
-    change (≈ lr = 1e-6) is far below half a bf16 ulp of a weight of size 0.01 (≈ 3e-5), so in pure bf16
-    almost every update rounds away. Half precision then comes from autocast: `mixed_precision` bf16/fp16
-    (a warning when it is missing, and the run computes in fp32). LoRA adapters are fp32 in peft anyway,
-    so their frozen backbone may stay in `dtype`."""
-    if not config.full_ft or dtype == torch.float32:
-        return dtype
-    wanted = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
-    if config.mixed_precision != wanted:
-        warnings.warn(
-            f"full fine-tuning keeps fp32 weights instead of {dtype}; set train.mixed_precision: "
-            f"{wanted} to compute in half precision (now: '{config.mixed_precision}')",
-            stacklevel=3,
-        )
-    return torch.float32
-
-
-def enable_activation_checkpointing(model: nn.Module, context_fn=None) -> None:
-    """Recompute each layer's activations in the backward pass (non-reentrant; `context_fn` as in
-    `torch.utils.checkpoint`; transformers ≥ 5.x renamed the method)."""
-    kwargs = {"use_reentrant": False} | ({"context_fn": context_fn} if context_fn else {})
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

@@ -271,7 +271,7 @@ class Trainer:
 
 
 def _warn_half_precision_weights(policy: Policy) -> None:
-    """Pure bf16/fp16 trained weights lose most AdamW updates to rounding (`policy.weight_dtype`)."""
+    """Pure bf16/fp16 trained weights lose most AdamW updates to rounding (`model_setup.weight_dtype`)."""
     half = sorted({str(p.dtype) for p in policy.parameters() if p.requires_grad and p.dtype != torch.float32})
     if half:
         warnings.warn(
