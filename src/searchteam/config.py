@@ -49,7 +49,11 @@ class RunConfig(BaseModel):
         "generator; a role without one uses the policy model.",
     )
     device: str | None = Field(None, description="cpu | cuda | auto; unset: auto")
-    dtype: str | None = None
+    dtype: str | None = Field(
+        None,
+        description="dtype of the hf and vllm backends' weights (float32, bfloat16, float16); unset or auto: "
+        "bfloat16 on a GPU that supports it, else float32",
+    )
     retriever: str = Field(
         "bm25", description="bm25 | dense | http://host:port of `searchteam serve-retriever`"
     )
@@ -60,8 +64,14 @@ class RunConfig(BaseModel):
     embedder: str | None = Field(
         None, description="sentence-transformers model of the dense retriever or index"
     )
-    query_prefix: str = ""
-    passage_prefix: str = ""
+    query_prefix: str = Field(
+        "",
+        description="dense retriever: text put before each query it embeds (E5: `query: `); with a prebuilt "
+        "index (dense:INDEX_FILE), empty means the embedder's usual one",
+    )
+    passage_prefix: str = Field(
+        "", description="dense retriever: text put before each passage it embeds when it builds its index"
+    )
     top_k: int | None = Field(None, ge=1, le=100, description="passages per search; unset: the paper's")
     max_turns: int | None = Field(
         None, ge=1, le=32, description="search rounds of an iterative method; unset: the paper's"
@@ -70,11 +80,19 @@ class RunConfig(BaseModel):
         False, description="a search leaves out the passages its episode already retrieved (returns k new)"
     )
     temperature: float = Field(0.0, ge=0.0, le=5.0, description="sampling temperature (0: greedy)")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_p: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="nucleus sampling: sample among the likeliest tokens that make up this probability "
+        "(1: off; training needs 1)",
+    )
     max_new_tokens: int = Field(
         128, ge=1, le=32768, description="new tokens per LLM call, where max_new_tokens_per_role sets none"
     )
-    max_new_tokens_per_role: dict[str, int] = Field(default_factory=dict)
+    max_new_tokens_per_role: dict[str, int] = Field(
+        default_factory=dict, description="new tokens per LLM call of a role, by the method's role names"
+    )
     batch_size: int = Field(
         32,
         ge=1,
@@ -83,8 +101,14 @@ class RunConfig(BaseModel):
         "engine (backend: openai) gets each request alone, up to server.concurrency in flight",
     )
     concurrency: int = Field(64, ge=1, le=100000, description="episodes in flight at once")
-    seed: int = 0
-    options: dict[str, Any] = Field(default_factory=dict)
+    seed: int = Field(
+        0,
+        description="seed of the models' sampling; a training run also draws its questions and seeds its "
+        "trainer from it",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="the method's team options; one the method does not have is refused"
+    )
     datasets: list[str] | None = Field(
         None,
         description="datasets, comma-separated: the benchmark's, or those of a questions file to keep; "

@@ -20,7 +20,9 @@ from searchteam.errors import LLMError
 from searchteam.files import temp_entry
 
 # The model a command uses when it names none; SEARCHTEAM_MODEL overrides it for a machine or a test run.
-DEFAULT_MODEL = os.environ.get("SEARCHTEAM_MODEL") or "qwen2.5-coder-0.5b"
+DEFAULT_MODEL_ENV = "SEARCHTEAM_MODEL"
+BUILTIN_DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+DEFAULT_MODEL = os.environ.get(DEFAULT_MODEL_ENV) or BUILTIN_DEFAULT_MODEL
 SAFETENSORS_MAX_HEADER = 100_000_000  # the safetensors format's own limit
 
 

@@ -22,7 +22,11 @@ from searchteam.types import Episode
 
 class OutcomeOptions(RewardOptions):
     metric: Metric = Field("em", description="answer metric of the outcome reward")
-    placement: Placement = "every_turn"
+    placement: Placement = Field(
+        "every_turn",
+        description="every_turn: the outcome on every trained turn; last_turn: on the last one, 0 on the "
+        "others (for GAE with γ > 0 or merge_continuations)",
+    )
 
 
 class OutcomeReward:

@@ -44,11 +44,11 @@ class RoleEstimator(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    estimator: Estimator
-    gamma: float | None = Field(None, ge=0.0, le=1.0)
-    lam: float | None = Field(None, ge=0.0, le=1.0)
-    adv_scale_by_std: bool | None = None
-    whiten_advantages: bool | None = None
+    estimator: Estimator = Field(description="the role's advantage estimator (as train.estimator)")
+    gamma: float | None = Field(None, ge=0.0, le=1.0, description="GAE discount; unset: train.gamma")
+    lam: float | None = Field(None, ge=0.0, le=1.0, description="GAE λ; unset: train.lam")
+    adv_scale_by_std: bool | None = Field(None, description="unset: train.adv_scale_by_std")
+    whiten_advantages: bool | None = Field(None, description="unset: train.whiten_advantages")
 
 
 class WarmStartConfig(BaseModel):
@@ -62,9 +62,11 @@ class WarmStartConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     rounds: int = Field(1, ge=1, description="collect → fine-tune rounds")
-    questions_per_round: int = Field(32, ge=1)
-    samples_per_question: int = Field(4, ge=1)
-    temperature: float = Field(1.0, gt=0.0, le=5.0)
+    questions_per_round: int = Field(
+        32, ge=1, description="train questions per round (drawn apart from RL's); a multiple of the processes"
+    )
+    samples_per_question: int = Field(4, ge=1, description="rollouts per question")
+    temperature: float = Field(1.0, gt=0.0, le=5.0, description="sampling temperature of its rollouts")
     min_f1: float = Field(0.5, ge=0.0, le=1.0, description="keep episodes whose answer F1 reaches this")
     keep_by: Literal["answer", "role_reward"] = Field(
         "answer",
@@ -91,7 +93,7 @@ class WarmStartConfig(BaseModel):
         "hard_positives: false, so no answer on distractor-laden evidence is imitated whether right or not)",
     )
     epochs: int = Field(2, ge=1, description="passes over the kept turns per round")
-    lr: float = Field(1e-4, gt=0.0)
+    lr: float = Field(1e-4, gt=0.0, description="learning rate of its own AdamW (RL starts from a fresh one)")
     micro_batch_size: int = Field(4, ge=1, description="samples per forward pass, at most")
     mini_batch_size: int = Field(
         16, ge=1, description="samples per optimizer step over all processes, at most (see TrainConfig)"
@@ -110,7 +112,7 @@ class TrainConfig(BaseModel):
     estimator: Estimator = Field("grpo", description="gae (PPO + critic), grpo, or role_grpo (DECOR Eq. 6)")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="GAE discount over turns")
     lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE λ")
-    adv_eps: float = Field(1e-6, gt=0.0)
+    adv_eps: float = Field(1e-6, gt=0.0, description="ε added to the group std GRPO divides by")
     adv_scale_by_std: bool = Field(True, description="GRPO: divide by the group std (False: Dr. GRPO)")
     whiten_advantages: bool = Field(False, description="GAE: normalize advantages over the batch")
     role_estimators: dict[str, RoleEstimator] = Field(
@@ -129,9 +131,15 @@ class TrainConfig(BaseModel):
     ratio_level: RatioLevel = Field("token", description="token (PPO/GRPO) or sequence (GSPO, DECOR Eq. 5)")
     clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="ε_low: ratio floor 1 − ε_low")
     clip_high: float = Field(0.2, ge=0.0, description="ε_high: ratio ceiling 1 + ε_high (clip-higher)")
-    loss_agg: LossAgg = "token_mean"
+    loss_agg: LossAgg = Field(
+        "token_mean",
+        description="token_mean: every trained token weighs the same (GRPO, DAPO); seq_mean: the mean of "
+        "each sample's token mean, every sample once (GSPO)",
+    )
     kl_coef: float = Field(0.0, ge=0.0, description="β of the KL penalty to the frozen initial policy")
-    kl_estimator: KLEstimator = "k3"
+    kl_estimator: KLEstimator = Field(
+        "k3", description="per-token KL estimate: k1 = log π/π_ref, k3 = π_ref/π − log(π_ref/π) − 1 (≥ 0)"
+    )
     temperature: float = Field(
         1.0,
         gt=0.0,
@@ -165,31 +173,50 @@ class TrainConfig(BaseModel):
         "shared trunk); separate: a value model of its own (M-ASK's V_φ): its own LoRA adapter (or, with "
         "full_ft, its own copy of the model) plus the head",
     )
-    value_coef: float = Field(0.5, ge=0.0)
-    value_clip: float | None = Field(0.2, gt=0.0)
+    value_coef: float = Field(0.5, ge=0.0, description="weight of the critic's value loss")
+    value_clip: float | None = Field(
+        0.2, gt=0.0, description="ε of the clipped value loss (V_old ± ε, PPO2-style); unset: unclipped"
+    )
     value_lr: float | None = Field(None, gt=0.0, description="critic head learning rate (default: lr)")
     # model and adapters
     full_ft: bool = Field(False, description="train every weight instead of LoRA adapters")
     lora_per_role: bool = Field(False, description="one LoRA adapter per role on one backbone (DAC)")
     roles: list[str] = Field(default_factory=list, description="roles to train; empty = every policy role")
-    lora_r: int = Field(16, ge=1)
-    lora_alpha: int = Field(32, ge=1)
-    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    lora_r: int = Field(16, ge=1, description="LoRA rank")
+    lora_alpha: int = Field(32, ge=1, description="LoRA α: the adapter's update is scaled by α / r")
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the LoRA adapters' input")
     lora_targets: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="names of the modules that get LoRA adapters",
     )
-    gradient_checkpointing: bool = False
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    gradient_checkpointing: bool = Field(
+        False, description="recompute activations in the backward pass: less memory, slower updates"
+    )
+    mixed_precision: Literal["no", "bf16", "fp16"] = Field(
+        "no", description="autocast of the update (accelerate's mixed_precision); no: the weights' dtype"
+    )
     # optimization
-    lr: float = Field(1e-5, gt=0.0)
+    lr: float = Field(1e-5, gt=0.0, description="learning rate (AdamW)")
     role_lr: dict[str, float] = Field(default_factory=dict, description="per-role learning rate (LoRA)")
-    weight_decay: float = Field(0.0, ge=0.0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float = Field(1.0, gt=0.0)
-    warmup_steps: int = Field(0, ge=0)
-    schedule: Schedule = "constant"
-    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
-    ppo_epochs: int = Field(1, ge=1)
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW's weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW's β1, β2")
+    max_grad_norm: float = Field(
+        1.0,
+        gt=0.0,
+        description="clip each parameter group's gradient norm (each adapter, the critic) to this",
+    )
+    warmup_steps: int = Field(0, ge=0, description="steps of linear learning-rate warm-up")
+    schedule: Schedule = Field(
+        "constant",
+        description="learning rate after the warm-up: constant, or linear or cosine decay to the end",
+    )
+    min_lr_ratio: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="linear or cosine decay: the last step's learning rate, as a share of lr",
+    )
+    ppo_epochs: int = Field(1, ge=1, description="passes over each step's batch")
     mini_batch_size: int | None = Field(
         None,
         ge=1,

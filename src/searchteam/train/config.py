@@ -12,11 +12,9 @@ from searchteam.config import RunConfig
 from searchteam.errors import ConfigError
 from searchteam.eval.runner import select_questions
 from searchteam.factory import load_run_config
-from searchteam.llm.hf import pick_device
 from searchteam.llm.models import TRAINED, checkpoint_of
 from searchteam.methods import get_method, recipe_name, resolve_config_path
-from searchteam.rl import TrainConfig
-from searchteam.rl.config import WarmStartConfig
+from searchteam.rl.config import TrainConfig, WarmStartConfig
 from searchteam.types import Question
 
 DEFAULT_TRAIN_DATASETS = ["nq", "hotpotqa"]  # the papers train on NQ + HotpotQA
@@ -31,7 +29,9 @@ class TrainRunConfig(RunConfig):
         1.0, ge=0.0, le=5.0, description="the rollouts' sampling temperature; the trainer scores the same"
     )
     group_size: int = Field(4, ge=1, description="rollouts per question (G of GRPO)")
-    questions_per_step: int = Field(4, ge=1)
+    questions_per_step: int = Field(
+        4, ge=1, description="training questions per RL step; a multiple of the number of processes"
+    )
     reward: dict[str, Any] = Field(default_factory=dict, description="options of the method's reward scheme")
     recipe: str | None = Field(
         None, description="the config the run started from: a shipped recipe's name, else its path"
@@ -44,7 +44,10 @@ class TrainRunConfig(RunConfig):
         description="start the policy from trained weights: a checkpoint folder (RUN/checkpoints/step-N, "
         "RUN/warm_start/round-NN) or a shipped adapter's name (`searchteam models`); the critic starts fresh",
     )
-    train: TrainConfig = Field(default_factory=TrainConfig)
+    train: TrainConfig = Field(
+        default_factory=TrainConfig,
+        description="the trainer: estimator, loss, adapters, optimizer, checkpoints",
+    )
 
     @field_validator("temperature")
     @classmethod
@@ -84,6 +87,8 @@ class TrainRunConfig(RunConfig):
 def default_recipe(method: str, device: str | None = None) -> Path | None:
     """The recipe `method` registers for the device at hand (its `gpu` recipe on CUDA when it has one, else
     its `cpu` recipe), or None when the method registers none."""
+    from searchteam.llm.hf import pick_device  # torch: only when a recipe is looked up
+
     kinds = ("gpu", "cpu") if pick_device(device).startswith("cuda") else ("cpu",)
     found = [get_method(method).recipe_path(kind) for kind in kinds]
     return next((p for p in found if p is not None), None)

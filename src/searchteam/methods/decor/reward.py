@@ -38,7 +38,7 @@ class DecorOptions(RewardOptions):
         0.5, ge=0.0, le=1.0, description="weight of F1 against the LLM judge in R_team (Eq. 2)"
     )
     judge_prompts: str = Field("decor_judge", description="prompt file in rewards/prompts/")
-    judge_max_new_tokens: int = Field(DEFAULT_MAX_NEW_TOKENS, ge=1)
+    judge_max_new_tokens: int = Field(DEFAULT_MAX_NEW_TOKENS, ge=1, description="new tokens per judge reply")
 
 
 @dataclass

@@ -42,7 +42,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from searchteam.errors import DataError
 from searchteam.runtime.context import Context
@@ -212,8 +212,16 @@ class Jade(Team):
     roles = ("planner", "qr", "qds", "qdp", "ds", "ag", "as")
 
     class Options(TeamOptions):
-        workflow: str | None = None
-        decomposition: Literal["planner", "given"] = "planner"
+        workflow: str | None = Field(
+            None,
+            description="a fixed solving workflow such as `R, AG` run in every round instead of the "
+            "planner's (an ablation); unset: the planner's",
+        )
+        decomposition: Literal["planner", "given"] = Field(
+            "planner",
+            description="given: a question with its own `subquestions` (question-file field) starts from "
+            "them instead of the planner's first round (an ablation)",
+        )
 
         @field_validator("workflow")
         @classmethod

@@ -30,7 +30,11 @@ class QAgentOptions(RewardOptions):
     stage: int = Field(1, ge=1, le=2, description="1: end-to-end RL (Eq. 7); 2: generalized RL (Eq. 10)")
     generator_metric: Metric = Field("cover_em", description="stage 2's non-strict EM of the generator")
     hit_weight: float = Field(0.5, ge=0.0, description="weight of Hit(τ, A*) in Eq. 10")
-    placement: Placement = "every_turn"
+    placement: Placement = Field(
+        "every_turn",
+        description="every_turn: the outcome on every trained turn; last_turn: on the last one, 0 on the "
+        "others (for GAE with γ > 0 or merge_continuations)",
+    )
 
 
 class QAgentReward:

@@ -114,7 +114,11 @@ class QAgent(Team):
     model_names = ("generator",)
 
     class Options(TeamOptions):
-        mode: Literal["end_to_end", "submodule"] = "end_to_end"
+        mode: Literal["end_to_end", "submodule"] = Field(
+            "end_to_end",
+            description="end_to_end: the agent answers (§3.3); submodule: a generator answers from the "
+            "passages the agent gathered (§3.4-3.5; extra_models: {generator: MODEL}, else the policy)",
+        )
         max_retries: int = Field(2, ge=0, description="malformed outputs answered with the retry prompt")
         frozen_generator: bool = Field(True, description="false: the generator's turns are trainable")
 
