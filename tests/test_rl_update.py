@@ -13,10 +13,10 @@ import torch
 from searchteam.errors import ConfigError
 from searchteam.llm import logprobs as lp
 from searchteam.rl.batching import Slot, deal, lockstep, micro_batches, mini_batches
-from searchteam.rl.config import TrainConfig
 from searchteam.rl.experience import Sample, samples_from_episodes
 from searchteam.rl.policy import Policy, build_policy
 from searchteam.rl.trainer import Trainer
+from searchteam.train.config import load_train_run_config
 from tests.test_rl_trainer import config, episode, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -232,13 +232,12 @@ def test_the_log_counts_optimizer_steps_and_names_each_groups_norm(tokenizer, tm
 # ---- configuration ---------------------------------------------------------------------------------------
 
 
-def test_grad_accum_is_refused_with_what_replaces_it():
-    with pytest.raises(ValueError, match="grad_accum is replaced by mini_batch_size"):
-        TrainConfig(grad_accum=4)
+def test_a_key_the_config_does_not_have_is_refused_by_name():
+    with pytest.raises(ConfigError, match="field 'train.grad_accum': Extra inputs are not permitted"):
+        load_train_run_config(None, {"method": "search_r1"}, settings={"train.grad_accum": 4})
 
 
 def test_the_run_temperature_and_seed_are_the_trainers():
-    from searchteam.train.config import load_train_run_config
 
     cfg = load_train_run_config(None, {"method": "naive_rag", "temperature": 0.7, "seed": 5})
     assert (cfg.train.temperature, cfg.train.seed) == (0.7, 5)
@@ -246,7 +245,6 @@ def test_the_run_temperature_and_seed_are_the_trainers():
 
 
 def test_a_second_temperature_or_a_greedy_one_is_refused():
-    from searchteam.train.config import load_train_run_config
 
     with pytest.raises(ConfigError, match=r"train.temperature \(1.0\) differs from temperature \(0.7\)"):
         load_train_run_config(None, {"method": "naive_rag", "temperature": 0.7}, {"train.temperature": 1.0})

@@ -4,21 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal, Self, get_args
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field
 
 Message = dict[str, str]
-
-
-def _lift_meta(data: Any, keys: dict[str, str]) -> Any:
-    """Results written before these fields existed kept them in `meta` (`keys`: old meta key → field):
-    move them into the fields, so older rollout and results files still load for resume, view and compare."""
-    if not isinstance(data, dict) or not isinstance(data.get("meta"), dict):
-        return data
-    if not any(key in data["meta"] for key in keys):
-        return data
-    meta = dict(data["meta"])
-    lifted = {field: meta.pop(key) for key, field in keys.items() if key in meta and field not in data}
-    return {**data, **lifted, "meta": meta}
 
 
 class Question(BaseModel):
@@ -76,24 +64,9 @@ class Turn(BaseModel):
     sft_target: str | None = None
     meta: dict[str, Any] = Field(default_factory=dict)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _from_old_meta(cls, data: Any) -> Any:
-        return _lift_meta(data, _OLD_TURN_META)
-
     def flag_format_error(self, why: str) -> None:
         self.parsed_ok = False
         self.parse_error = why
-
-
-_OLD_TURN_META = {
-    "frozen": "frozen",
-    "continuation": "continuation",
-    "continuation_chars": "continuation_chars",
-    "env_spans": "env_spans",
-    "group": "subgroup",
-    "sft_target": "sft_target",
-}
 
 
 class Retrieval(BaseModel):
@@ -107,9 +80,6 @@ class Retrieval(BaseModel):
     after_turns: int = Field(
         0, ge=0, description="the episode's turns finished when this search returned: it ran after them"
     )
-
-
-_OLD_EPISODE_META = {"group_id": "group_id", "reward": "reward", "reward_terms": "reward_terms"}
 
 
 # Why an episode ended without its answer: the engine refused a request, the question cannot be taken as
@@ -136,11 +106,6 @@ class Episode(BaseModel):
     reward: float | None = None
     reward_terms: dict[str, float] = Field(default_factory=dict)
     meta: dict[str, Any] = Field(default_factory=dict)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_old_meta(cls, data: Any) -> Any:
-        return _lift_meta(data, _OLD_EPISODE_META)
 
     @property
     def prompt_tokens(self) -> int:

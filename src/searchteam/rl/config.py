@@ -29,16 +29,6 @@ CHECKPOINTS = "checkpoints"  # checkpoints/step-NNNNNN, in the run directory
 WARM_START = "warm_start"  # warm_start/round-NN (policy after each round), kept.jsonl, log.jsonl
 
 
-def _refuse_grad_accum(data: Any) -> Any:
-    """`grad_accum` counted micro-batches per process, so its optimizer step grew with the processes."""
-    if isinstance(data, dict) and "grad_accum" in data:
-        raise ValueError(
-            "grad_accum is replaced by mini_batch_size, the samples per optimizer step over all processes: "
-            "set mini_batch_size: micro_batch_size × grad_accum × processes"
-        )
-    return data
-
-
 class RoleEstimator(BaseModel):
     """The advantage estimator of one role and its options; unset options take the run's values."""
 
@@ -98,11 +88,6 @@ class WarmStartConfig(BaseModel):
     mini_batch_size: int = Field(
         16, ge=1, description="samples per optimizer step over all processes, at most (see TrainConfig)"
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_grad_accum(cls, data: Any) -> Any:
-        return _refuse_grad_accum(data)
 
 
 class TrainConfig(BaseModel):
@@ -261,11 +246,6 @@ class TrainConfig(BaseModel):
         description="several processes: how long a collective waits for the slowest rank (its rollouts) "
         "before the run fails instead of hanging",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_grad_accum(cls, data: Any) -> Any:
-        return _refuse_grad_accum(data)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
