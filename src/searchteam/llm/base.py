@@ -8,7 +8,7 @@ from typing import Protocol, runtime_checkable
 
 from searchteam.types import Message
 
-SHARED = ""  # the adapter key (`set_adapters`) of a policy with one adapter for every role
+SHARED = ""  # the adapter key (`load_adapters`) of a policy with one adapter for every role
 
 
 @dataclass(frozen=True)

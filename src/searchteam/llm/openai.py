@@ -7,28 +7,19 @@ its own template. Servers without this model's tokenizer at hand (a hosted API, 
 the ones a request leaves out from the model's generation_config (top-k 20 and repetition penalty 1.05 on
 Qwen2.5), which the trainer does not score.
 
-With vLLM it also serves RL rollouts: LoRA adapters loaded at runtime (one per role, or one shared) under
-fresh names `{namespace}:{role}@{version}` (vLLM refuses a loaded name, and a name reused for new weights
-can serve stale prefix-cache blocks, vLLM #42125); `return_token_ids` (vLLM >= 0.10.2) gives the exact
-sampled ids, which training requires.
+With vLLM it also serves RL rollouts: LoRA adapters loaded at runtime (`llm/vllm_adapters.py`), and
+`return_token_ids` (vLLM >= 0.10.2) gives the exact sampled ids, which training requires. Several servers
+of one model share the requests (`llm/replicas.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
-import itertools
-import json
 import logging
 import os
 import random
 import re
-import secrets
 import threading
-import time
-import weakref
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -39,7 +30,6 @@ from searchteam.auth import auth_header
 from searchteam.errors import LLMError, RequestRejected
 from searchteam.http_client import limits, timeouts
 from searchteam.llm.base import (
-    SHARED,
     Completion,
     GenerationRequest,
     SamplingParams,
@@ -47,17 +37,14 @@ from searchteam.llm.base import (
     text_decoder,
     truncate_at_stop,
 )
+from searchteam.llm.replicas import Replicas
 from searchteam.llm.vllm import NEUTRAL_SAMPLING
+from searchteam.llm.vllm_adapters import ServedAdapters, error_message
 
 log = logging.getLogger(__name__)
 
 Render = Literal["auto", "client", "server"]
 
-LORA_HINT = (
-    "start vLLM with `--enable-lora --max-lora-rank R` (R >= the adapter's r) and the environment variable "
-    "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
-)
-MAX_SESSIONS = 100_000  # episodes whose server is remembered (the oldest are forgotten)
 # vLLM's answers to a request that does not fit the model's context (HTTP 400), over its versions
 TOO_LONG = re.compile(r"maximum context length|maximum model length|longer than the maximum|too large", re.I)
 TOKEN_IDS_HINT = (
@@ -77,12 +64,6 @@ def sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
         **NEUTRAL_SAMPLING,
         "n": 1,
     }
-
-
-def run_namespace(folder: Path) -> str:
-    """A stable adapter namespace for the run whose rollout adapters live under `folder`: the same after a
-    resume (so the stale names of the run are found), distinct for another run, stage or rank."""
-    return "searchteam-" + hashlib.sha1(str(Path(folder).resolve()).encode()).hexdigest()[:12]
 
 
 class OpenAIBackend:
@@ -117,9 +98,6 @@ class OpenAIBackend:
             raise LLMError(f"backend 'openai' for '{model}' needs a server: base_url is empty")
         self.base_urls = [url.rstrip("/") for url in urls]
         self.base_url = self.base_urls[0]
-        self._in_flight = dict.fromkeys(self.base_urls, 0)  # this backend's requests per server
-        self._sessions: OrderedDict[str, str] = OrderedDict()  # episode -> its server
-        self._route_lock = threading.Lock()
         self.api_key = api_key or os.environ.get("OPENAI_API_KEY", "EMPTY")
         self.timeout = timeout
         self.max_retries = max_retries
@@ -128,81 +106,42 @@ class OpenAIBackend:
         self._tokenizer = tokenizer
         self._render: Render = "client" if tokenizer is not None and render == "auto" else render
         self._render_lock = threading.Lock()
-        self.namespace = namespace or f"searchteam-{secrets.token_hex(4)}"
-        self._epoch = _base36(time.time_ns() // 1_000_000)  # no two backends name a version alike
-        self._versions = itertools.count(1)
-        self._adapters: dict[str, str] = {}  # role (or SHARED) -> served LoRA name
-        self._owned: list[str] = []  # names this backend loaded and must unload (not adopted ones)
-        self._cleaned = False
+        self._replicas = Replicas(self.base_urls)
+        self._lora = ServedAdapters(self.base_urls, self._headers(), timeout, namespace)
         self._async_client: httpx.AsyncClient | None = None
         self._async_client_loop: asyncio.AbstractEventLoop | None = None
-        self._finalizer = weakref.finalize(
-            self, _unload_quietly, self.base_urls, self._headers(), self._owned
-        )
 
-    # ---- training hooks -------------------------------------------------------------------------------
+    # ---- training: runtime LoRA adapters (`llm/vllm_adapters.py`) ---------------------------------------
 
     def for_training(self, tokenizer: Any, namespace: str | None = None) -> None:
         """Roll out for the trainer: prompts rendered with the trainer's own `tokenizer` and sent as token
         ids, every completion must come with its token ids, adapters named in `namespace` (the run's; fix
         it before the first load)."""
-        if namespace and namespace != self.namespace:
-            if self._owned:
-                raise LLMError(f"adapter namespace is {self.namespace} already; cannot become {namespace}")
-            self.namespace, self._cleaned = namespace, False
+        if namespace:
+            self._lora.use_namespace(namespace)
         self._tokenizer, self._render, self.require_token_ids = tokenizer, "client", True
 
-    # ---- LoRA adapters ----------------------------------------------------------------------------------
-
-    def set_adapters(self, adapters: Mapping[str, Path]) -> None:
-        """Use these peft LoRA adapter folders from now on (the engine protocol shared with `ov`):
-        `{role: folder}`, `{SHARED: folder}` for one adapter on every role, `{}` for the base model."""
-        self.load_adapters(adapters)
-
     def load_adapters(self, adapters: Mapping[str, Path]) -> dict[str, str]:
-        """Load `adapters` (`{role: folder}`, `{SHARED: folder}` or `{}`) under fresh names, route requests
-        to them, then unload the names served before (so no request ever names a missing adapter). The
-        first call first unloads the stale names of the namespace. Returns `{role: served name}`, what other
-        processes sharing the server pass to `adopt_adapters`. The server reads the folders itself: it must
-        see the same filesystem."""
-        version = f"{self._epoch}.{next(self._versions)}"
-        new = {role: f"{self.namespace}:{role or 'shared'}@{version}" for role in adapters}
-        with httpx.Client(timeout=timeouts(self.timeout), headers=self._headers()) as client:
-            if not self._cleaned:
-                self._unload_stale(client)
-            for role, folder in adapters.items():
-                body = {"lora_name": new[role], "lora_path": str(Path(folder).absolute())}
-                self._owned.append(new[role])
-                for url in self.base_urls:
-                    self._lora_call(client, url, "load_lora_adapter", body, Path(folder))
-            old, self._adapters = self._adapters, new
-            for name in old.values():
-                self._unload_own(client, name)
-        return dict(new)
+        """Use these peft LoRA adapter folders from now on: `{role: folder}`, `{SHARED: folder}` for one
+        adapter on every role, `{}` for the base model. Loads them under fresh names, then unloads the old
+        ones; returns `{role: served name}`, what other processes sharing the server pass to
+        `adopt_adapters`. The server reads the folders itself: it must see the same filesystem."""
+        return self._lora.load(adapters)
 
     def adopt_adapters(self, names: Mapping[str, str]) -> None:
         """Route requests to adapters another process loaded (`load_adapters`' answer there): no HTTP call,
         and this backend never unloads them."""
-        self._adapters = dict(names)
+        self._lora.adopt(names)
 
     @property
     def served_adapters(self) -> dict[str, str]:
         """`{role: served name}` requests are routed to now (empty: the base model)."""
-        return dict(self._adapters)
-
-    def unload_stale(self) -> list[str]:
-        """Unload the adapters on the servers in this namespace that this backend does not serve (left by a
-        run that crashed or was resumed); returns their names."""
-        with httpx.Client(timeout=timeouts(self.timeout), headers=self._headers()) as client:
-            return self._unload_stale(client)
+        return self._lora.served
 
     def close(self) -> None:
         """Unload the adapters this backend loaded and route to the base model. Also runs when the backend
         is garbage-collected or the process exits."""
-        with httpx.Client(timeout=timeouts(self.timeout), headers=self._headers()) as client:
-            for name in list(self._owned):
-                self._unload_own(client, name)
-        self._adapters = {}
+        self._lora.close()
 
     def __enter__(self) -> OpenAIBackend:
         return self
@@ -210,62 +149,9 @@ class OpenAIBackend:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _unload_stale(self, client: httpx.Client) -> list[str]:
-        self._cleaned = True
-        prefix, live = f"{self.namespace}:", set(self._adapters.values())
-        stale: list[str] = []
-        for url in self.base_urls:
-            names = [n for n in self._served_names(client, url) if n.startswith(prefix) and n not in live]
-            for name in names:
-                self._lora_call(client, url, "unload_lora_adapter", {"lora_name": name}, missing_ok=True)
-            stale += [n for n in names if n not in stale]
-        return stale
-
-    def _served_names(self, client: httpx.Client, url: str) -> list[str]:
-        """The ids `/v1/models` of the server at `url` lists (base models and loaded adapters); none when it
-        cannot say."""
-        try:
-            resp = client.get(f"{url}/models")
-        except httpx.TransportError as exc:
-            raise LLMError(f"vLLM at {url} unreachable for /models: {exc}") from exc
-        if resp.status_code != 200:
-            return []
-        return [str(card.get("id")) for card in resp.json().get("data", []) if isinstance(card, dict)]
-
-    def _unload_own(self, client: httpx.Client, name: str) -> None:
-        for url in self.base_urls:
-            self._lora_call(client, url, "unload_lora_adapter", {"lora_name": name}, missing_ok=True)
-        if name in self._owned:
-            self._owned.remove(name)
-
-    def _lora_call(
-        self,
-        client: httpx.Client,
-        url: str,
-        endpoint: str,
-        body: dict,
-        folder: Path | None = None,
-        missing_ok: bool = False,
-    ) -> None:
-        """POST a vLLM runtime LoRA endpoint of the server at `url`; a refusal or no answer is an LLMError
-        saying what to do. `missing_ok`: an unload of a name the server no longer has is fine."""
-        try:
-            resp = client.post(f"{url}/{endpoint}", json=body)
-        except httpx.TransportError as exc:
-            raise LLMError(f"vLLM at {url} unreachable for {endpoint}: {exc}") from exc
-        if resp.status_code < 400:
-            return
-        detail = _error_message(resp)
-        if missing_ok and resp.status_code == 404 and "cannot be found" in detail:
-            return
-        raise LLMError(
-            f"vLLM at {url} refused {endpoint} for '{body['lora_name']}' "
-            f"(HTTP {resp.status_code}: {detail}); {_lora_advice(detail, folder)}."
-        )
-
     def _model_for(self, role: str) -> str:
         """The served name a request of this role asks for: its adapter, the shared one, or the base."""
-        return self._adapters.get(role) or self._adapters.get(SHARED) or self.name
+        return self._lora.name_for(role) or self.name
 
     def _headers(self) -> dict[str, str]:
         return auth_header(self.api_key)
@@ -348,32 +234,14 @@ class OpenAIBackend:
             body.update(add_generation_prompt=False, continue_final_message=True)  # vLLM / SGLang
         return {**body, "messages": messages}
 
-    def _route(self, session: str) -> str:
-        """The server of a request of episode `session` (counted in flight until `_done`): the one of its
-        first request, else the least busy."""
-        with self._route_lock:
-            url = self._sessions.get(session) if session else None
-            if url is None:
-                url = min(self.base_urls, key=self._in_flight.__getitem__)
-                if session:
-                    self._sessions[session] = url
-                    if len(self._sessions) > MAX_SESSIONS:
-                        self._sessions.popitem(last=False)
-            self._in_flight[url] += 1
-            return url
-
-    def _done(self, url: str) -> None:
-        with self._route_lock:
-            self._in_flight[url] -= 1
-
     async def _complete(
         self, client: httpx.AsyncClient, req: GenerationRequest, prompt_ids: list[int] | None
     ) -> Completion:
-        server = self._route(req.session)
+        server = self._replicas.route(req.session)
         try:
             return await self._complete_on(server, client, req, prompt_ids)
         finally:
-            self._done(server)
+            self._replicas.done(server)
 
     async def _complete_on(
         self, server: str, client: httpx.AsyncClient, req: GenerationRequest, prompt_ids: list[int] | None
@@ -390,7 +258,7 @@ class OpenAIBackend:
                 if resp.status_code == 200:
                     return self._parse(resp.json(), req, prompt_ids, server)
                 last_error = f"HTTP {resp.status_code}: {resp.text[:300]}"
-                if resp.status_code == 400 and TOO_LONG.search(detail := _error_message(resp)):
+                if resp.status_code == 400 and TOO_LONG.search(detail := error_message(resp)):
                     raise RequestRejected(f"the server at {server} refused a request: {detail}")
                 if resp.status_code < 500 and resp.status_code != 429:
                     break  # retried: transient failures only (no answer, 429, 5xx)
@@ -474,56 +342,4 @@ def _local_tokenizer(model: str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(resolve_model(model), local_files_only=True)
     except (OSError, ValueError, LLMError):
-        return None
-
-
-def _error_message(resp: httpx.Response) -> str:
-    """The message of an error answer in vLLM's shapes (`{"error": {...}}`, older `{"message": ...}`)."""
-    try:
-        data = resp.json()
-    except ValueError:
-        return " ".join(resp.text.split())[:300]
-    if isinstance(data, dict):
-        inner = data.get("error") if isinstance(data.get("error"), dict) else data
-        message = inner.get("message") or inner.get("detail") or data
-        return " ".join(str(message).split())[:300]
-    return " ".join(str(data).split())[:300]
-
-
-def _lora_advice(detail: str, folder: Path | None) -> str:
-    """What to do about a refused LoRA call: a reused name, an unreadable folder, or a server setup."""
-    if "already been loaded" in detail:
-        return "another process loads adapters under this backend's names (one loader per namespace)"
-    if "no adapter found" in detail.lower():  # vLLM's LoRAAdapterNotFoundError
-        return "the server cannot read the adapter folder: trainer and server must share a filesystem"
-    rank = f" (this adapter has r={r})" if folder and (r := _lora_rank(folder)) else ""
-    return f"{LORA_HINT}{rank}"
-
-
-def _unload_quietly(base_urls: list[str], headers: dict[str, str], names: list[str]) -> None:
-    """Finalizer of a backend: unload the adapters it still owns, ignoring servers that are gone."""
-    if not names:
-        return
-    with httpx.Client(timeout=10.0, headers=headers) as client:
-        for url in base_urls:
-            with contextlib.suppress(httpx.HTTPError):  # a server that is gone: on to the next
-                for name in names:
-                    client.post(f"{url}/unload_lora_adapter", json={"lora_name": name})
-    names.clear()
-
-
-def _base36(n: int) -> str:
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    out = ""
-    while n:
-        n, r = divmod(n, 36)
-        out = digits[r] + out
-    return out or "0"
-
-
-def _lora_rank(folder: Path) -> int | None:
-    """The adapter's LoRA rank `r` from its peft config, if readable."""
-    try:
-        return int(json.loads((folder / "adapter_config.json").read_text())["r"])
-    except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -3,7 +3,7 @@
 Prompts are rendered and tokenized by the transformers tokenizer (the same token ids as the `hf` backend)
 and completions decoded by it, so only the forward passes run in OpenVINO. Each distinct LoRA adapter gets
 its own pipeline with the adapter fixed at construction: GenAI's prefix cache is keyed by tokens alone, so a
-pipeline whose adapter changed could reuse KV computed with other weights. `set_adapters` rebuilds them.
+pipeline whose adapter changed could reuse KV computed with other weights. `load_adapters` rebuilds them.
 """
 
 from __future__ import annotations
@@ -89,13 +89,13 @@ class OVBackend:
         self._pipelines: dict[str, tuple[object, object | None]] = {}
         self._stall_seconds = stall_seconds
         self._stalled: EngineStalled | None = None
-        self.set_adapters(adapters)
+        self.load_adapters(adapters)
 
     def reseed(self, seed: int) -> None:
         """Restart the stream of per-request sampling seeds (reproducible rollouts per training step)."""
         self._rng = np.random.default_rng(seed)
 
-    def set_adapters(self, adapters: Mapping[str, Path]) -> None:
+    def load_adapters(self, adapters: Mapping[str, Path]) -> None:
         """Use these peft LoRA adapter folders from now on: `{role: folder}`, or `{SHARED: folder}` for one
         adapter on every role; `{}` for the base model. Builds one pipeline per adapter."""
         with self._lock:

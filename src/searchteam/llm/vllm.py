@@ -1,4 +1,4 @@
-"""In-process vLLM for GPUs (optional extra `searchteam[vllm]`; vllm is imported only when an engine starts).
+"""In-process vLLM for GPUs (optional extra `searchteam[gpu]`; vllm is imported only when an engine starts).
 
 One engine per base model per process (`ENGINES`): every backend of that model (the policy, a frozen
 generator, an eval extra model) shares it. A `searchteam train` checkpoint or a shipped adapter runs on its
@@ -19,7 +19,13 @@ from typing import Any
 
 from searchteam.errors import LLMError
 from searchteam.extras import require
-from searchteam.llm.base import Completion, GenerationRequest, SamplingParams, render_chat, truncate_at_stop
+from searchteam.llm.base import (
+    Completion,
+    GenerationRequest,
+    SamplingParams,
+    render_prompt_ids,
+    truncate_at_stop,
+)
 from searchteam.llm.models import resolve_model
 from searchteam.llm.settings import LORA_RANKS, EngineSettings
 
@@ -47,9 +53,14 @@ def read_checkpoint(name: str) -> Checkpoint:
     return Checkpoint(resolve_model(named), {p.name: p.absolute() for p in folders})
 
 
+def adapter_rank(folder: Path) -> int:
+    """A peft LoRA adapter's rank `r`, from its `adapter_config.json`."""
+    return int(json.loads((Path(folder) / "adapter_config.json").read_text())["r"])
+
+
 def lora_rank(folders: list[Path]) -> int:
     """The smallest rank vLLM accepts as `max_lora_rank` that holds every adapter's `r`."""
-    largest = max(int(json.loads((p / "adapter_config.json").read_text())["r"]) for p in folders)
+    largest = max(adapter_rank(p) for p in folders)
     fitting = [r for r in LORA_RANKS if r >= largest]
     if not fitting:
         raise LLMError(f"LoRA rank {largest} is above vLLM's largest max_lora_rank ({LORA_RANKS[-1]})")
@@ -213,11 +224,6 @@ class VLLMBackend:
             tokenizer = AutoTokenizer.from_pretrained(self.checkpoint.base)
         self.tokenizer = tokenizer
 
-    def prompt_ids(self, request: GenerationRequest) -> list[int]:
-        """The prompt's token ids exactly as the `hf` backend feeds them: `render_chat`, then tokenized
-        without adding special tokens (the chat template already holds them)."""
-        return list(self.tokenizer(render_chat(self.tokenizer, request), add_special_tokens=False).input_ids)
-
     def lora_request(self, role: str) -> dict[str, Any] | None:
         """The `LoRARequest` arguments of a request of `role`, or None for the base model."""
         chosen = adapter_for(role, self.checkpoint.adapters)
@@ -229,7 +235,8 @@ class VLLMBackend:
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
         from vllm import SamplingParams as VSampling
 
-        prompts = [{"prompt_token_ids": self.prompt_ids(r)} for r in requests]  # a vllm TokensPrompt
+        # a vllm TokensPrompt: the ids exactly as the `hf` backend feeds them
+        prompts = [{"prompt_token_ids": render_prompt_ids(self.tokenizer, r)} for r in requests]
         params = [VSampling(**sampling_kwargs(r.sampling, self.want_logprobs)) for r in requests]
         loras = [self._lora(r.role) for r in requests]
         with self.engine.lock:

@@ -107,7 +107,7 @@ class AdapterEngine(Protocol):
     """An engine that generates with adapters loaded from files (`ov`, `openai`): the policy's adapters
     are saved and loaded into it after every update."""
 
-    def set_adapters(self, adapters: Mapping[str, Path]) -> None: ...
+    def load_adapters(self, adapters: Mapping[str, Path]) -> object: ...
 
 
 @runtime_checkable
@@ -284,7 +284,7 @@ def sync_adapters(
     None elsewhere), e.g. accelerate's `broadcast_object_list`: then only the main process (`main`) saves
     and loads, and the others adopt its names without a call to the server. In-process engines (`ov`)
     ignore `share` and load on every process."""
-    from searchteam.llm.openai import run_namespace
+    from searchteam.llm.vllm_adapters import run_namespace
 
     def save_and_load(load: Callable[[dict[str, Path]], Any]) -> Any:
         root.mkdir(parents=True, exist_ok=True)
@@ -305,5 +305,5 @@ def sync_adapters(
         if not main:
             engine.adopt_adapters(shared)
     else:
-        save_and_load(engine.set_adapters)
+        save_and_load(engine.load_adapters)
     return time.perf_counter() - start
