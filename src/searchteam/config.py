@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from searchteam.errors import ConfigError, did_you_mean
 from searchteam.llm.models import DEFAULT_MODEL
-from searchteam.llm.settings import EngineSettings, ServerSettings
+from searchteam.llm.settings import BACKENDS, Backend, EngineSettings, ServerSettings
 
 # accelerate's trackers a run may report to; "all" is refused (it would start every installed tracker)
 TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
@@ -28,10 +28,10 @@ class RunConfig(BaseModel):
         description="preset (smollm2-135m, qwen2.5-coder-0.5b), trained adapter (`searchteam models`), HF id "
         "or path",
     )
-    backend: Literal["auto", "hf", "ov", "openai", "vllm"] = Field(
+    backend: Backend = Field(
         "auto",
-        description="auto | hf | ov | openai | vllm (auto: ov on the CPU where it runs the model, hf or vllm "
-        "on CUDA)",
+        description=" | ".join(BACKENDS)
+        + " (auto: ov on the CPU where it runs the model, hf or vllm on CUDA)",
     )
     ov_precision: Literal["int8", "fp16", "fp32"] = Field(
         "int8", description="weights of the ov backend's converted model (fp32: exactly the hf model)"
@@ -141,7 +141,7 @@ class RunConfig(BaseModel):
     judge_model: str | None = Field(
         None, description="LLM judge: eval's judge_acc metric; reward schemes that use one (DECOR)"
     )
-    judge_backend: Literal["auto", "hf", "ov", "openai", "vllm"] = Field(
+    judge_backend: Backend = Field(
         "auto", description="backend of eval's judge_acc judge; auto: as the run's other models"
     )
     judge_base_url: str | None = Field(

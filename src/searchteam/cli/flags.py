@@ -4,8 +4,10 @@ and reads them as `RunFlags`."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +55,14 @@ def config_flag(field: str, *decls: str, kind: Any = None) -> Any:
     comma-separated list)."""
     info = RunConfig.model_fields[field]
     return Annotated[(kind or info.annotation) | None, typer.Option(*decls, help=info.description)]
+
+
+def limit_flag(limits: type, name: str, minimum: float) -> Any:
+    """The flag of a server's bound `name` (a field of `server_limits.RetrieverLimits` or `ServeLimits`):
+    its type and help from the field, at least `minimum`; its default is the field's."""
+    found = next(f for f in dataclasses.fields(limits) if f.name == name)
+    kind = typing.get_type_hints(limits)[name]
+    return Annotated[kind, typer.Option(min=minimum, help=found.metadata["help"])]
 
 
 # a field whose flag is spelled other than `--field-name`, or whose value the command line writes as text

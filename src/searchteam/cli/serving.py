@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from searchteam.cli.app import app, console, quiet_libraries, user_errors
-from searchteam.cli.flags import RUN_FLAGS, AllowOpenOpt, ApiKeyOpt, RunFlags, shared_flags
+from searchteam.cli.flags import RUN_FLAGS, AllowOpenOpt, ApiKeyOpt, RunFlags, limit_flag, shared_flags
+from searchteam.server_limits import RetrieverLimits, ServeLimits
 
 
 @app.command("serve-retriever")
@@ -18,15 +19,11 @@ def serve_retriever(
     embedder: Annotated[str | None, typer.Option(help="sentence-transformers model for dense.")] = None,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option()] = 8001,
-    max_pending: Annotated[
-        int, typer.Option(min=1, help="Requests in flight at most; more get 503 with Retry-After.")
-    ] = 512,
-    max_body_bytes: Annotated[
-        int, typer.Option(min=1, help="Largest request body (4 MiB); larger: 413.")
-    ] = 4_194_304,
-    request_timeout: Annotated[
-        float, typer.Option(min=0.001, help="Seconds a request may take; slower: 504.")
-    ] = 25.0,
+    max_pending: limit_flag(RetrieverLimits, "max_pending", 1) = RetrieverLimits.max_pending,
+    max_body_bytes: limit_flag(RetrieverLimits, "max_body_bytes", 1) = RetrieverLimits.max_body_bytes,
+    request_timeout: limit_flag(
+        RetrieverLimits, "request_timeout_s", 0.001
+    ) = RetrieverLimits.request_timeout_s,
     api_key: ApiKeyOpt = None,
     allow_no_api_key: AllowOpenOpt = False,
 ) -> None:
@@ -52,22 +49,16 @@ def serve(
     flags: RunFlags,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option()] = 8000,
-    max_pending: Annotated[
-        int, typer.Option(min=1, help="Requests in flight at most; more get 503 with Retry-After.")
-    ] = 256,
-    max_body_bytes: Annotated[
-        int, typer.Option(min=1, help="Largest request body (1 MiB); larger: 413.")
-    ] = 1_048_576,
-    request_timeout: Annotated[
-        float, typer.Option(min=0.001, help="Seconds a request may take; slower: cancelled, 504.")
-    ] = 300.0,
+    max_pending: limit_flag(ServeLimits, "max_pending", 1) = ServeLimits.max_pending,
+    max_body_bytes: limit_flag(ServeLimits, "max_body_bytes", 1) = ServeLimits.max_body_bytes,
+    request_timeout: limit_flag(ServeLimits, "request_timeout_s", 0.001) = ServeLimits.request_timeout_s,
     api_key: ApiKeyOpt = None,
     allow_no_api_key: AllowOpenOpt = False,
 ) -> None:
     """Serve a team over HTTP: POST /ask and OpenAI-compatible /v1/chat/completions (model = method).
     At most `concurrency` (config) episodes run at once."""
     from searchteam.auth import check_bind
-    from searchteam.serve import ServeLimits, build_service
+    from searchteam.serve import build_service
     from searchteam.serve import serve as serve_team
 
     with user_errors():

@@ -7,11 +7,10 @@ from typing import TYPE_CHECKING
 from searchteam.errors import LLMError
 from searchteam.llm.base import LLM, Completion, GenerationRequest, SamplingParams
 from searchteam.llm.models import DEFAULT_MODEL, PRESETS, TRAINED, checkpoint_of
+from searchteam.llm.settings import BACKENDS
 
 if TYPE_CHECKING:
     from searchteam.llm.settings import EngineSettings, ServerSettings
-
-BACKENDS = ("auto", "hf", "ov", "openai", "vllm")
 
 
 def resolve_backend(backend: str, model: str, device: str | None = None, logprobs: bool = False) -> str:

@@ -3,8 +3,12 @@ OpenAI-compatible server. Sections of the run configuration (`RunConfig.engine`,
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+Backend = Literal["auto", "hf", "ov", "openai", "vllm"]  # how a run's models are served (`resolve_backend`)
+BACKENDS: tuple[str, ...] = get_args(Backend)
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts (MaxLoRARanks)
 
 

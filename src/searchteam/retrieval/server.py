@@ -31,6 +31,7 @@ from searchteam.auth import ApiKeyMiddleware, check_bind
 from searchteam.errors import RetrievalError
 from searchteam.http_bounds import BoundedApp, RequestGate, detail_body
 from searchteam.retrieval.base import Retriever
+from searchteam.server_limits import RetrieverLimits
 from searchteam.types import Passage
 
 log = logging.getLogger(__name__)
@@ -47,17 +48,7 @@ class RetrieveRequest(BaseModel):
     return_scores: bool = False
 
 
-@dataclass(frozen=True)
-class Limits:
-    max_queries: int = 256
-    max_k: int = 100
-    max_query_chars: int = 2000
-    max_body_bytes: int = 4 * 2**20  # fits max_queries queries of max_query_chars, even as \uXXXX escapes
-    request_timeout_s: float = 25.0  # under HTTPRetriever's 30 s, so its client reads the 504's message
-    max_pending: int = 512
-
-
-def check_request(req: RetrieveRequest, limits: Limits) -> tuple[list[str], int]:
+def check_request(req: RetrieveRequest, limits: RetrieverLimits) -> tuple[list[str], int]:
     """Raise an HTTPException (4xx, with a message) for a request the server will not run; return its
     queries (a single `query` as a list of one) and topk."""
     queries = _queries(req)
@@ -169,17 +160,19 @@ class SearchBatcher:
 
 def create_app(
     retriever: Retriever,
-    max_queries: int = Limits.max_queries,
-    max_k: int = Limits.max_k,
-    max_query_chars: int = Limits.max_query_chars,
-    max_body_bytes: int = Limits.max_body_bytes,
-    request_timeout_s: float = Limits.request_timeout_s,
-    max_pending: int = Limits.max_pending,
+    max_queries: int = RetrieverLimits.max_queries,
+    max_k: int = RetrieverLimits.max_k,
+    max_query_chars: int = RetrieverLimits.max_query_chars,
+    max_body_bytes: int = RetrieverLimits.max_body_bytes,
+    request_timeout_s: float = RetrieverLimits.request_timeout_s,
+    max_pending: int = RetrieverLimits.max_pending,
     api_key: str | None = None,
 ) -> FastAPI:
     """The FastAPI app serving `retriever`; limits bound what one request may ask for and what the server
     holds at once; with `api_key`, every request but /health must carry it (`searchteam.auth`)."""
-    limits = Limits(max_queries, max_k, max_query_chars, max_body_bytes, request_timeout_s, max_pending)
+    limits = RetrieverLimits(
+        max_queries, max_k, max_query_chars, max_body_bytes, request_timeout_s, max_pending
+    )
     batcher = SearchBatcher(retriever, max_batch_queries=max(max_queries, 512))
     app = FastAPI(title="searchteam retriever", summary=f"{retriever.name} retrieval, Search-R1 compatible")
     app.add_exception_handler(RequestValidationError, _validation_error)

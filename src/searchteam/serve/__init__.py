@@ -18,6 +18,7 @@ in flight the server answers 503 with `Retry-After`; a body over `max_body_bytes
 """
 
 from searchteam.serve.app import create_app, serve
-from searchteam.serve.service import ServeLimits, TeamService, build_service
+from searchteam.serve.service import TeamService, build_service
+from searchteam.server_limits import ServeLimits
 
 __all__ = ["ServeLimits", "TeamService", "build_service", "create_app", "serve"]

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from searchteam.auth import ApiKeyMiddleware, check_bind
 from searchteam.errors import TeamBug
 from searchteam.eval.summary import episode_trace
-from searchteam.http_bounds import BoundedApp
+from searchteam.http_bounds import BoundedApp, RequestGate
 from searchteam.metrics import answer_scores
 from searchteam.runtime.runner import INFRASTRUCTURE_ERRORS
 from searchteam.serve.requests import (
@@ -62,7 +62,8 @@ def create_app(service: TeamService, api_key: str | None = None) -> FastAPI:
         title="searchteam", summary=f"the {service.method} team as a search module", lifespan=lifespan
     )
     app.add_exception_handler(OpenAIError, _openai_error)
-    gate = service.limits.gate()
+    limits = service.limits
+    gate = RequestGate(limits.max_body_bytes, limits.request_timeout_s, limits.max_pending)
     app.add_middleware(BoundedApp, gate=gate, paths=WORK_PATHS, error_body=error_body)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)  # outermost: refused before they count

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse
 
-from searchteam.serve.service import ServeLimits
+from searchteam.server_limits import ServeLimits
 
 
 class OpenAIError(Exception):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -14,26 +13,14 @@ from fastapi import Request
 from searchteam.config import RunConfig
 from searchteam.errors import TeamBug
 from searchteam.factory import Components, build_components, build_sampling
-from searchteam.http_bounds import RequestGate
 from searchteam.runtime import Backends, Sampling, make_backends
 from searchteam.runtime.context import TurnHook
 from searchteam.runtime.failures import TeamBugs
 from searchteam.runtime.runner import run_episode
 from searchteam.runtime.turns import TurnFeed
+from searchteam.server_limits import ServeLimits
 from searchteam.teams import Team
 from searchteam.types import Episode, Question
-
-
-@dataclass(frozen=True)
-class ServeLimits:
-    concurrency: int = 64
-    max_pending: int = 256
-    max_question_chars: int = 4000
-    max_body_bytes: int = 2**20  # a chat request carries the whole conversation, of which one turn is used
-    request_timeout_s: float = 300.0  # an episode of several model calls, queued behind `concurrency` others
-
-    def gate(self) -> RequestGate:
-        return RequestGate(self.max_body_bytes, self.request_timeout_s, self.max_pending)
 
 
 class TeamService:
