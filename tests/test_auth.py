@@ -18,7 +18,7 @@ from searchteam.retrieval.http import HTTPRetriever
 from searchteam.retrieval.server import create_app as retriever_app
 from searchteam.serve import build_service
 from searchteam.serve import create_app as team_app
-from tests.helpers import PASSAGES, TinyRetriever, serve_on_loopback
+from tests.support.helpers import PASSAGES, TinyRetriever, serve_on_loopback
 
 
 def test_the_retriever_server_answers_only_requests_with_its_key(monkeypatch):

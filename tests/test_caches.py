@@ -37,7 +37,7 @@ CORPUS = [
 ]
 
 
-# --- fakes for the slow steps (also used by the subprocesses of tests/test_kill_resume.py) -----------------
+# --- fakes for the slow steps (also used by the subprocesses of tests/e2e/test_kill_resume.py) -------------
 
 
 def write_fake_checkpoint(preset, workdir: Path, out: Path) -> None:

@@ -35,8 +35,8 @@ from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings
 from searchteam.train.config import load_train_run_config
 from searchteam.types import Question
-from tests.contracts import option_branches
-from tests.helpers import PASSAGES, TinyRetriever
+from tests.support.contracts import option_branches
+from tests.support.helpers import PASSAGES, TinyRetriever
 
 OFFLINE = ["--backend", "openai", "--base-url", "http://127.0.0.1:9/v1", "--model", "never-called"]
 

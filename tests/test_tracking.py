@@ -22,9 +22,9 @@ from searchteam.methods import get_team
 from searchteam.rl.policy import build_policy
 from searchteam.rl.trainer import Trainer
 from searchteam.tracking import TrackingSetup
-from tests.helpers import PASSAGES, TinyRetriever
-from tests.test_rl_trainer import config, random_reward, scripted_rollout, tiny_model, tokenizer  # noqa: F401
-from tests.test_warm_start import scripted_stage
+from tests.rl.test_trainer import config, random_reward, scripted_rollout, tiny_model, tokenizer  # noqa: F401
+from tests.rl.test_warm_start import scripted_stage
+from tests.support.helpers import PASSAGES, TinyRetriever
 
 needs_tensorboard = pytest.mark.skipif(
     importlib.util.find_spec("tensorboard") is None,

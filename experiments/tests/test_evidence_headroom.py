@@ -10,7 +10,7 @@ from searchteam.llm.scripted import ScriptedLLM
 from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings
 from searchteam.types import Passage, Question
-from tests.helpers import PASSAGES, TinyRetriever
+from tests.support.helpers import PASSAGES, TinyRetriever
 
 SCRIPT = Path(__file__).resolve().parent.parent / "evidence_headroom.py"
 spec = importlib.util.spec_from_file_location("evidence_headroom", SCRIPT)

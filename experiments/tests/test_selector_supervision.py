@@ -6,7 +6,7 @@ from pathlib import Path
 from searchteam.rl.warm_start.data import read_collected
 from searchteam.teams.selectors import parse_selection
 from searchteam.types import Question
-from tests.helpers import PASSAGES, TinyRetriever
+from tests.support.helpers import PASSAGES, TinyRetriever
 
 SCRIPT = Path(__file__).resolve().parent.parent / "selector_supervision.py"
 spec = importlib.util.spec_from_file_location("selector_supervision", SCRIPT)

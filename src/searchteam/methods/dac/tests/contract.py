@@ -1,9 +1,9 @@
-"""DAC's declarations for the generic suites (tests/contracts.py): its searcher's parser."""
+"""DAC's declarations for the generic suites (tests/support/contracts.py): its searcher's parser."""
 
 from __future__ import annotations
 
 from searchteam.methods.dac import team as dac
-from tests.contracts import FuzzTarget
+from tests.support.contracts import FuzzTarget
 
 
 def check_searcher(r: dac.SearcherAction) -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from searchteam.methods import build_reward_scheme
 from searchteam.types import Episode
-from tests.reward_episodes import episode, retrieval, rewards, turn
+from tests.support.reward_episodes import episode, retrieval, rewards, turn
 
 
 def dac_episode(answer: str, abstained: bool, searcher_meta: list[dict], qid: str = "q1") -> Episode:

@@ -10,7 +10,7 @@ from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings
 from searchteam.teams.base import WITHDRAWN
 from searchteam.types import Episode, Passage, Question
-from tests.helpers import PASSAGES, TinyRetriever
+from tests.support.helpers import PASSAGES, TinyRetriever
 
 QUESTION = Question(id="q", question="Which novelist was German?", golden_answers=["Thomas Mann"])
 ABSTAIN_SENTENCE = "simply answer unknown"

@@ -1,10 +1,10 @@
-"""DECOR's declarations for the generic suites (tests/contracts.py): its planner, filter and fact parsers,
-and a memory small enough to run the compressor."""
+"""DECOR's declarations for the generic suites (tests/support/contracts.py): its planner, filter and fact
+parsers, and a memory small enough to run the compressor."""
 
 from __future__ import annotations
 
 from searchteam.methods.decor import team as decor
-from tests.contracts import FUZZ_QUESTION, FuzzTarget, check_text_and_error
+from tests.support.contracts import FUZZ_QUESTION, FuzzTarget, check_text_and_error
 
 
 def check_planner(r: decor.PlannerAction) -> None:

@@ -10,7 +10,7 @@ from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.methods import build_reward_scheme
 from searchteam.types import Episode
-from tests.reward_episodes import F1_PARIS_FRANCE, episode, retrieval, rewards, turn
+from tests.support.reward_episodes import F1_PARIS_FRANCE, episode, retrieval, rewards, turn
 
 
 def decor_episode(answer: str, evidence: str, qid: str = "q1", *, filter_ok: bool = True) -> Episode:

@@ -11,7 +11,7 @@ from searchteam.methods.decor.team import Entry, Memory, approx_tokens, parse_pl
 from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings
 from searchteam.types import Episode, Passage, Question
-from tests.helpers import PASSAGES, TinyRetriever
+from tests.support.helpers import PASSAGES, TinyRetriever
 
 QUESTION = Question(
     id="q",

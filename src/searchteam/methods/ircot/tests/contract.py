@@ -1,10 +1,10 @@
-"""IRCoT's declarations for the generic suites (tests/contracts.py): its reasoning step's first sentence
-and the answer it concludes."""
+"""IRCoT's declarations for the generic suites (tests/support/contracts.py): its reasoning step's first
+sentence and the answer it concludes."""
 
 from __future__ import annotations
 
 from searchteam.methods.ircot import team as ircot
-from tests.contracts import FuzzTarget
+from tests.support.contracts import FuzzTarget
 
 
 def first_sentence_and_answer(text: str) -> tuple[str, str | None]:

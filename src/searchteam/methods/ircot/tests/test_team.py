@@ -7,7 +7,7 @@ from searchteam.methods.ircot.team import concluded_answer, first_sentence
 from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings
 from searchteam.types import Episode, Question
-from tests.helpers import PASSAGES, TinyRetriever
+from tests.support.helpers import PASSAGES, TinyRetriever
 
 QUESTION = Question(id="q", question="Which novelist was German, David Guterson or Thomas Mann?")
 

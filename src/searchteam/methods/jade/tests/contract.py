@@ -1,11 +1,11 @@
-"""JADE's declarations for the generic suites (tests/contracts.py): its workflow, sub-question and query
-parsers, and the workflows that reach its other executors."""
+"""JADE's declarations for the generic suites (tests/support/contracts.py): its workflow, sub-question and
+query parsers, and the workflows that reach its other executors."""
 
 from __future__ import annotations
 
 from searchteam.methods.jade import team as jade
 from searchteam.teams import parsing
-from tests.contracts import FuzzTarget, check_flag, check_optional_text
+from tests.support.contracts import FuzzTarget, check_flag, check_optional_text
 
 
 def check_workflow(r: jade.Workflow) -> None:

@@ -7,7 +7,7 @@ from searchteam.methods.jade.team import parse_workflow
 from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings
 from searchteam.types import Episode, Question
-from tests.helpers import PASSAGES, TinyRetriever
+from tests.support.helpers import PASSAGES, TinyRetriever
 
 QUESTION = Question(
     id="q", question="What nationality was the author of Buddenbrooks?", golden_answers=["German"]

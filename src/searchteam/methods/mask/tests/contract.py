@@ -1,9 +1,9 @@
-"""M-ASK's declarations for the generic suites (tests/contracts.py): its four parsers."""
+"""M-ASK's declarations for the generic suites (tests/support/contracts.py): its four parsers."""
 
 from __future__ import annotations
 
 from searchteam.methods.mask import team as mask
-from tests.contracts import FUZZ_QUESTION, FuzzTarget, check_flag, check_text_and_error
+from tests.support.contracts import FUZZ_QUESTION, FuzzTarget, check_flag, check_text_and_error
 
 
 def check_plan(r: mask.Plan) -> None:

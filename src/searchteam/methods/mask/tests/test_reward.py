@@ -6,7 +6,7 @@ import pytest
 
 from searchteam.methods import build_reward_scheme
 from searchteam.types import Episode, Turn
-from tests.reward_episodes import F1_PARIS_FRANCE, episode, rewards, turn
+from tests.support.reward_episodes import F1_PARIS_FRANCE, episode, rewards, turn
 
 
 def mask_iteration(t: int, answer: str | None = None, **turn_meta) -> list[Turn]:

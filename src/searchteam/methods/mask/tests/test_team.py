@@ -11,7 +11,7 @@ from searchteam.methods.mask.team import KnowledgeState, Operation, Step, parse_
 from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings
 from searchteam.types import Episode, Question
-from tests.helpers import PASSAGES, TinyRetriever
+from tests.support.helpers import PASSAGES, TinyRetriever
 
 QUESTION = Question(
     id="q",

@@ -1,10 +1,10 @@
-"""QAgent's declarations for the generic suites (tests/contracts.py): its round parser, and submodule mode,
-which runs the frozen generator."""
+"""QAgent's declarations for the generic suites (tests/support/contracts.py): its round parser, and submodule
+mode, which runs the frozen generator."""
 
 from __future__ import annotations
 
 from searchteam.methods.qagent import team as qagent
-from tests.contracts import FuzzTarget
+from tests.support.contracts import FuzzTarget
 
 
 def check_round(r: qagent.RoundOutput) -> None:

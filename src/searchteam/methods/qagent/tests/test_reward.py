@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from searchteam.methods import build_reward_scheme
-from tests.reward_episodes import episode, retrieval, rewards, turn
+from tests.support.reward_episodes import episode, retrieval, rewards, turn
 
 
 def test_qagent_stage1_needs_every_agent_turn_well_formed():

@@ -10,7 +10,7 @@ from searchteam.rl.warm_start.data import policy_turns
 from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings
 from searchteam.types import Episode, Question
-from tests.helpers import PASSAGES, TinyRetriever
+from tests.support.helpers import PASSAGES, TinyRetriever
 
 QUESTION = Question(id="q", question="Which novelist was German?", golden_answers=["Thomas Mann"])
 

@@ -1,9 +1,9 @@
-"""Search-R1's declarations for the generic suites (tests/contracts.py): its action parser."""
+"""Search-R1's declarations for the generic suites (tests/support/contracts.py): its action parser."""
 
 from __future__ import annotations
 
 from searchteam.methods.search_r1 import team as search_r1
-from tests.contracts import FuzzTarget
+from tests.support.contracts import FuzzTarget
 
 
 def check_action(r: search_r1.Action) -> None:

@@ -6,7 +6,7 @@ from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings
 from searchteam.teams.selectors import parse_selection, selection_tokens
 from searchteam.types import Episode, Question
-from tests.helpers import PASSAGES, TinyRetriever
+from tests.support.helpers import PASSAGES, TinyRetriever
 
 QUESTION = Question(id="q", question="Which novelist was German, David Guterson or Thomas Mann?")
 
