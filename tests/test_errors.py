@@ -260,7 +260,7 @@ def test_eval_stops_at_a_bad_question_line_with_file_and_line(tmp_path: Path) ->
     assert line.startswith(f"error: {path}:2: not valid JSON (") and line.endswith(
         "; fix or delete that line (or pass --skip-bad-lines)"
     )
-    from searchteam.eval.runner import select_questions
+    from searchteam.factory import select_questions
 
     config = RunConfig(method="direct", questions=path, skip_bad_lines=True)
     assert [q.id for q in select_questions(config)] == ["a"]

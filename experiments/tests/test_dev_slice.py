@@ -6,7 +6,7 @@ from pathlib import Path
 
 from searchteam.config import RunConfig
 from searchteam.data.benchmark import load_questions
-from searchteam.eval.runner import select_questions
+from searchteam.factory import select_questions
 
 SCRIPT = Path(__file__).parents[1] / "dev_slice.py"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from searchteam.config import RunConfig
 from searchteam.data.benchmark import load_questions
-from searchteam.eval.runner import select_questions
+from searchteam.factory import select_questions
 
 
 def test_the_held_out_question_file_shares_no_question_with_the_tuning_set(tmp_path):

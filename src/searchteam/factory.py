@@ -1,4 +1,5 @@
-"""Turn a RunConfig into the pieces of a run: the team, its LLM backends and its retriever."""
+"""Turn a RunConfig into the pieces of a run, for eval, train and serve alike: its questions, the team and
+the settings it actually uses, its LLM backends and its retriever."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from searchteam.config import RunConfig, load_config
+from searchteam.data.benchmark import load_benchmark, load_questions
 from searchteam.llm import LLM, build_llm, secondary_backend
 from searchteam.llm.models import TRAINED
 from searchteam.methods import get_method, get_team, resolve_config_path
@@ -15,6 +17,7 @@ from searchteam.retrieval.base import Retriever
 from searchteam.runtime import Sampling
 from searchteam.teams import Team, TeamSettings
 from searchteam.teams.base import check_names
+from searchteam.types import Question
 
 
 @dataclass
@@ -66,6 +69,26 @@ def build_team(config: RunConfig) -> Team:
     check_names(config.method, "role", "max_new_tokens_per_role", config.max_new_tokens_per_role, cls.roles)
     check_names(config.method, "extra model", "extra_models", config.extra_models, cls.model_names)
     return get_team(config.method, settings)  # validates the options (`Team.Options`)
+
+
+def effective_config(config: RunConfig, team: Team) -> dict[str, Any]:
+    """The run config as written to `config.yaml`, with the `top_k` and `max_turns` the team actually uses
+    (its paper defaults where the config left them unset)."""
+    return config.model_dump(mode="json") | {
+        "top_k": team.settings.top_k,
+        "max_turns": team.settings.max_turns,
+    }
+
+
+def select_questions(config: RunConfig) -> list[Question]:
+    """The questions a run names: those of its questions file (only of its datasets, when it names some),
+    else the embedded benchmark's split of its datasets (all when none); the first `limit`."""
+    if config.questions is not None:
+        questions = load_questions(config.questions, skip_bad_lines=config.skip_bad_lines)
+        if config.datasets:
+            questions = [q for q in questions if q.dataset in config.datasets]
+        return questions[: config.limit] if config.limit else questions
+    return load_benchmark(config.datasets, config.split, config.limit)
 
 
 def build_sampling(config: RunConfig) -> Sampling:

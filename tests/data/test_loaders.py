@@ -16,7 +16,7 @@ import pytest
 from searchteam.config import RunConfig
 from searchteam.data.benchmark import load_questions
 from searchteam.errors import DataError, RetrievalError
-from searchteam.eval.runner import select_questions
+from searchteam.factory import select_questions
 from searchteam.retrieval import build_retriever
 from searchteam.retrieval import prebuilt as prebuilt_module
 from searchteam.retrieval.dense import Embedder, load_embedder

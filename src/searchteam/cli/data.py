@@ -59,7 +59,7 @@ def export_questions(
     out: Annotated[Path, typer.Option(help="Folder for SPLIT.parquet.")],
 ) -> None:
     """Write a question set as the prompt dataset verl or SkyRL trains from, naming the method to run."""
-    from searchteam.eval.runner import select_questions
+    from searchteam.factory import select_questions
     from searchteam.integrations.questions import write_questions
 
     with user_errors():

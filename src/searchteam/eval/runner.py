@@ -13,28 +13,23 @@ from typing import Any
 import yaml
 
 from searchteam.config import RunConfig
-from searchteam.data.benchmark import load_benchmark, load_questions
 from searchteam.errors import ConfigError, JsonlError, TeamBug
 from searchteam.eval.judge_metric import judge_rows
 from searchteam.eval.summary import result_row, summarize
-from searchteam.factory import Components, build_components, build_sampling, build_team, secondary_llm
+from searchteam.factory import (
+    Components,
+    build_components,
+    build_sampling,
+    build_team,
+    effective_config,
+    secondary_llm,
+    select_questions,
+)
 from searchteam.files import read_jsonl_tolerant, write_lines_atomic
 from searchteam.llm import LLM
 from searchteam.runtime import make_backends, run_episodes
-from searchteam.teams import Team
 from searchteam.tracking import TrackingSetup, check_installed, report_once, trackers_for
 from searchteam.types import Episode, Question
-
-
-def select_questions(config: RunConfig) -> list[Question]:
-    """The questions a run names: those of its questions file (only of its datasets, when it names some),
-    else the embedded benchmark's split of its datasets (all when none); the first `limit`."""
-    if config.questions is not None:
-        questions = load_questions(config.questions, skip_bad_lines=config.skip_bad_lines)
-        if config.datasets:
-            questions = [q for q in questions if q.dataset in config.datasets]
-        return questions[: config.limit] if config.limit else questions
-    return load_benchmark(config.datasets, config.split, config.limit)
 
 
 def default_out_dir(config: RunConfig) -> Path:
@@ -59,15 +54,6 @@ def read_results(path: Path) -> list[dict[str, Any]]:
 def result_line(row: dict[str, Any]) -> str:
     """One line of `results.jsonl`."""
     return json.dumps(row, ensure_ascii=False, default=str) + "\n"
-
-
-def effective_config(config: RunConfig, team: Team) -> dict[str, Any]:
-    """The run config as written to `config.yaml`, with the `top_k` and `max_turns` the team actually uses
-    (its paper defaults where the config left them unset)."""
-    return config.model_dump(mode="json") | {
-        "top_k": team.settings.top_k,
-        "max_turns": team.settings.max_turns,
-    }
 
 
 # Run settings a resumed eval may change: which questions it covers, where and how fast it runs, and what

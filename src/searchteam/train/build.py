@@ -13,8 +13,7 @@ from pathlib import Path
 import yaml
 from accelerate import Accelerator
 
-from searchteam.eval.runner import effective_config
-from searchteam.factory import build_team, secondary_llm
+from searchteam.factory import build_team, effective_config, secondary_llm
 from searchteam.methods import build_reward_scheme
 from searchteam.metrics import answer_scores
 from searchteam.rewards.base import RewardScheme

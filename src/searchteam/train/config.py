@@ -10,8 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from searchteam.config import RunConfig
 from searchteam.errors import ConfigError
-from searchteam.eval.runner import select_questions
-from searchteam.factory import load_run_config
+from searchteam.factory import load_run_config, select_questions
 from searchteam.llm.models import TRAINED, checkpoint_of
 from searchteam.methods import get_method, recipe_name, resolve_config_path
 from searchteam.rl.config import TrainConfig, WarmStartConfig
