@@ -24,7 +24,7 @@ def run_steps(config: str, steps: int, backend: str) -> list[dict]:
     from searchteam.train.build import build_trainer
     from searchteam.train.config import load_train_run_config
 
-    cfg = load_train_run_config(Path(config), {"steps": steps, "backend": backend})
+    cfg = load_train_run_config(Path(config), {"train.steps": steps, "backend": backend})
     with tempfile.TemporaryDirectory() as run_dir:
         return build_trainer(cfg, Path(run_dir)).train()
 

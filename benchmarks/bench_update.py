@@ -78,7 +78,7 @@ def record(method: str, questions: int) -> Path:
 
     recipe = get_method(method).recipe_path("cpu")
     settings = {"questions_per_step": questions, "warm_start": None, "train.dynamic_sampling": False}
-    cfg = load_train_run_config(recipe, {"steps": 1}, settings)
+    cfg = load_train_run_config(recipe, {"train.steps": 1}, settings)
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = build_trainer(cfg, Path(run_dir))
         episodes = trainer.rollout(0)

@@ -55,7 +55,7 @@ def searchteam_steps(args, run_dir: Path) -> tuple[list[dict], list[Episode]]:
         "train.tensorboard": False,
     }
     recipe = get_method("naive_rag").recipe_path("cpu")
-    cfg = load_train_run_config(recipe, {"steps": args.steps}, settings)
+    cfg = load_train_run_config(recipe, {"train.steps": args.steps}, settings)
     trainer = build_trainer(cfg, run_dir)
     records = []
     for _ in range(args.steps):

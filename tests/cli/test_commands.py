@@ -157,7 +157,7 @@ def test_set_reaches_nested_training_fields_of_a_recipe():
     recipe = Path("qagent/smollm135m-cpu")
     base = load_train_run_config(recipe, {})
     settings = parse_settings(["train.lr=0.00002", "reward.stage=2", "train.steps=7", "group_size=3"])
-    cfg = load_train_run_config(recipe, {"steps": 5}, settings)
+    cfg = load_train_run_config(recipe, {"train.steps": 5}, settings)
     assert cfg.train.lr == 2e-5 and cfg.group_size == 3
     assert cfg.train.steps == 5  # --steps over --set train.steps
     assert cfg.reward == {**base.reward, "stage": 2}

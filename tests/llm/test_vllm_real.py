@@ -237,7 +237,7 @@ def test_per_role_adapters_are_loaded_together_and_each_role_names_its_own(recor
         group_size=2,
         questions_per_step=1,
     )
-    cfg = load_train_run_config(config, {"steps": 2, "out": tmp_path / "dac"})
+    cfg = load_train_run_config(config, {"train.steps": 2, "out": tmp_path / "dac"})
     build_trainer(cfg, tmp_path / "dac").train()
     assert [sorted(names) for names, _ in loads] == [["generator", "searcher"]] * 2
     for names, listed in loads:

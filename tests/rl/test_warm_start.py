@@ -344,10 +344,10 @@ def test_zero_rl_steps_run_the_warm_start_only(tmp_path):
     from searchteam.train.config import load_train_run_config
 
     with pytest.raises(ConfigError, match="warm_start"):
-        load_train_run_config(None, {"method": "jade", "steps": 0})
+        load_train_run_config(None, {"method": "jade", "train.steps": 0})
     recipe = tmp_path / "ws.yaml"
     recipe.write_text("method: jade\nwarm_start: {rounds: 2}\n")
-    cfg = load_train_run_config(recipe, {"steps": 0})
+    cfg = load_train_run_config(recipe, {"train.steps": 0})
     assert cfg.train.steps == 0 and cfg.warm_start is not None and cfg.warm_start.rounds == 2
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import BaseModel
 
 from searchteam.auth import API_KEY_ENV
 from searchteam.config import RunConfig, parse_settings
@@ -49,11 +50,11 @@ AllowOpenOpt = Annotated[
 ]
 
 
-def config_flag(field: str, *decls: str, kind: Any = None) -> Any:
-    """The flag of the run-config field `field`, whose help is the field's description (written once, in
-    `RunConfig`); `kind` is the flag's type where the command line writes the value as text (a choice, a
-    comma-separated list)."""
-    info = RunConfig.model_fields[field]
+def config_flag(field: str, *decls: str, kind: Any = None, model: type[BaseModel] = RunConfig) -> Any:
+    """The flag of the config field `field` of `model` (the run config, or a section of a training one),
+    whose help is the field's description (written once, in the model); `kind` is the flag's type where the
+    command line writes the value as text (a choice, a comma-separated list)."""
+    info = model.model_fields[field]
     return Annotated[(kind or info.annotation) | None, typer.Option(*decls, help=info.description)]
 
 

@@ -16,6 +16,8 @@ from rich.table import Table
 from searchteam.cli.app import app, console, err_console, quiet_libraries, user_errors
 from searchteam.cli.flags import QUESTION_FLAGS, RUN_FLAGS, RunFlags, config_flag, shared_flags
 from searchteam.errors import ConfigError
+from searchteam.rl.config import TrainConfig
+from searchteam.train.config import TrainRunConfig
 
 if TYPE_CHECKING:
     from searchteam.types import Episode
@@ -170,14 +172,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
 @shared_flags(RUN_FLAGS, QUESTION_FLAGS)
 def train(
     flags: RunFlags,
-    steps: Annotated[
-        int | None,
-        typer.Option(min=0, help="Total RL steps (with --resume: up to this total; 0: warm start only)."),
-    ] = None,
-    init_from: Annotated[
-        str | None,
-        typer.Option(help="Start from trained weights: a checkpoint folder or a shipped adapter's name."),
-    ] = None,
+    steps: config_flag("steps", model=TrainConfig) = None,
+    init_from: config_flag("init_from", model=TrainRunConfig) = None,
     num_processes: Annotated[
         int,
         typer.Option(
@@ -196,7 +192,7 @@ def train(
 
     with user_errors():
         quiet_libraries()
-        overrides = {**flags.overrides(), "steps": steps, "init_from": init_from}
+        overrides = {**flags.overrides(), "train.steps": steps, "init_from": init_from}
         cfg = load_train_run_config(flags.config, overrides, flags.settings())
         if num_processes > 1 and "LOCAL_RANK" not in os.environ:  # not yet one of the launched processes
             check_shardable(cfg, num_processes)

@@ -226,7 +226,12 @@ class TrainConfig(BaseModel):
     )
     merge_continuations: bool = Field(False, description="one trajectory sample per continued message")
     # run
-    steps: int = Field(100, ge=0, description="RL steps (one rollout batch each); 0: the warm start only")
+    steps: int = Field(
+        100,
+        ge=0,
+        description="RL steps in all, one rollout batch each (a resumed run goes on up to this total); 0: "
+        "the warm start only",
+    )
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
     keep_checkpoints: int = Field(0, ge=0, description="keep the newest N checkpoints (0: all)")
     seed: int = Field(0, description="a `searchteam train` run sets it from its top-level `seed`")

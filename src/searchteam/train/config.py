@@ -98,7 +98,6 @@ def load_train_run_config(
 ) -> TrainRunConfig:
     """A training config from `path`, else the method's paper recipe (`default_recipe`), else the generic
     defaults; then the `--set` settings, then the CLI overrides. `recipe` names what the run started from."""
-    train_overrides = {k: overrides.pop(k) for k in ("steps",) if overrides.get(k) is not None}
     given = {**(settings or {}), **{k: v for k, v in overrides.items() if v is not None}}
     if path is None and given.get("method"):
         path = default_recipe(given["method"], given.get("device"))
@@ -106,8 +105,6 @@ def load_train_run_config(
     assert isinstance(cfg, TrainRunConfig)
     if path is not None:
         cfg.recipe = recipe_name(resolve_config_path(path)) or str(path)
-    if train_overrides:
-        cfg.train = TrainConfig.model_validate({**cfg.train.model_dump(), **train_overrides})
     if cfg.train.steps == 0 and cfg.warm_start is None:
         raise ConfigError("steps: 0 trains nothing without a warm_start section")
     return cfg
