@@ -339,7 +339,6 @@ def main() -> None:
         micro_batch_tokens=args.micro_batch_tokens,
         mini_batch_size=args.mini_batch_size,
         gradient_checkpointing=args.gradient_checkpointing,
-        tensorboard=False,
         save_rollouts=False,
     )
     methods = args.methods.split(",")

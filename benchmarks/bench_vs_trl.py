@@ -52,7 +52,7 @@ def searchteam_steps(args, run_dir: Path) -> tuple[list[dict], list[Episode]]:
         "train.gradient_checkpointing": True,
         "train.share_prefixes": args.share_prefixes,
         "train.save_rollout_prompts": True,
-        "train.tensorboard": False,
+        "report_to": ["none"],
     }
     recipe = get_method("naive_rag").recipe_path("cpu")
     cfg = load_train_run_config(recipe, {"train.steps": args.steps}, settings)

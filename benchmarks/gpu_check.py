@@ -115,7 +115,7 @@ def train_config(steps: int, micro_batch_size: int) -> TrainConfig:
     """The GPU recipe's training settings, sized to this check: `steps` steps, no warm-up, no saving."""
     recipe = load_train_run_config(RECIPE, {}).train
     update = dict(steps=steps, warmup_steps=0, mini_batch_size=None, micro_batch_size=micro_batch_size)
-    update |= dict(save_every=0, tensorboard=False, save_rollouts=False)
+    update |= dict(save_every=0, save_rollouts=False)
     return TrainConfig.model_validate(recipe.model_dump() | update)
 
 

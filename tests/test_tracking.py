@@ -81,10 +81,12 @@ def test_scalars_and_flat_config_keep_what_trackers_take():
 @needs_tensorboard
 def test_trainer_sends_rl_steps_and_warm_start_rounds_to_tensorboard(tokenizer, tmp_path: Path):  # noqa: F811
     torch.set_num_threads(1)
-    cfg = config(tensorboard=True)  # the default tracker, under RUN/tensorboard
+    cfg = config()
     policy = build_policy(tiny_model(tokenizer), tokenizer, cfg)
     stage = scripted_stage(tokenizer, 1, [])
-    trainer = Trainer(policy, scripted_rollout(tokenizer), random_reward, cfg, tmp_path, warm_start=stage)
+    setup = TrackingSetup()  # report_to unset: training's default tracker, under RUN/tensorboard
+    rollout = scripted_rollout(tokenizer)
+    trainer = Trainer(policy, rollout, random_reward, cfg, tmp_path, warm_start=stage, tracking_setup=setup)
     records = trainer.train()
 
     scalars = read_scalars(tmp_path / "tensorboard")
@@ -101,7 +103,7 @@ def test_trainer_sends_rl_steps_and_warm_start_rounds_to_tensorboard(tokenizer, 
 
 
 def test_report_to_none_starts_no_tracker(tokenizer, tmp_path: Path):  # noqa: F811
-    cfg = config(tensorboard=True)
+    cfg = config()
     policy = build_policy(tiny_model(tokenizer), tokenizer, cfg)
     setup = TrackingSetup(report_to=["none"])
     trainer = Trainer(policy, scripted_rollout(tokenizer), random_reward, cfg, tmp_path, tracking_setup=setup)

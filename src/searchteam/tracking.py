@@ -1,10 +1,10 @@
 """Experiment tracking through accelerate's trackers (`report_to`, accelerate's `log_with`).
 
-Training reports to TensorBoard under `RUN/tensorboard` by default (`train.tensorboard: true`); eval reports
-only when `report_to` names trackers. Nothing contacts a network unless the run names a tracker that does
-(wandb, comet_ml, ...). A named tracker that is not installed is a ConfigError; the training default is
-skipped with a warning when tensorboard is missing. The JSONL logs stay the record of a run: trackers get
-the same numbers for plotting.
+`searchteam train` reports to TensorBoard under `RUN/tensorboard` when `report_to` is unset; eval, and a
+`Trainer` built without a `TrackingSetup`, report only where `report_to` says. Nothing contacts a network
+unless the run names a tracker that does (wandb, comet_ml, ...). A named tracker that is not installed is a
+ConfigError; the training default is skipped with a warning when tensorboard is missing. The JSONL logs
+stay the record of a run: trackers get the same numbers for plotting.
 """
 
 from __future__ import annotations
@@ -60,10 +60,8 @@ def check_installed(names: Sequence[str]) -> None:
         )
 
 
-def default_trackers(tensorboard: bool) -> list[str]:
-    """Training's default: TensorBoard when `tensorboard` is set and installed (else a warning)."""
-    if not tensorboard:
-        return []
+def default_trackers() -> list[str]:
+    """Training's default: TensorBoard when installed (else a warning)."""
     if not is_installed("tensorboard"):
         warnings.warn(
             f"tensorboard is not installed: no TensorBoard curves ({install_hint('train')}, or set "

@@ -200,7 +200,6 @@ def tiny_trainer(run_dir: Path, block_at_step: int | None = None):
         lora_r=4,
         lora_alpha=8,
         lora_targets=["q_proj", "v_proj"],
-        tensorboard=False,
     )
     torch.manual_seed(0)
     tiny = LlamaForCausalLM(

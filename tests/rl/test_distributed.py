@@ -176,7 +176,7 @@ def test_ddp_tolerates_unused_parameters_where_a_micro_batch_can_leave_some_out(
     from searchteam.rl.config import TrainConfig
     from searchteam.rl.distributed import make_accelerator
 
-    accelerator = make_accelerator(TrainConfig(tensorboard=False, **overrides), tmp_path)
+    accelerator = make_accelerator(TrainConfig(**overrides), tmp_path)
     assert accelerator.ddp_handler.find_unused_parameters is unused
     assert accelerator.ddp_handler.broadcast_buffers is False  # no collective in a forward pass
 

@@ -65,7 +65,6 @@ def config(**overrides) -> TrainConfig:
         lora_r=4,
         lora_alpha=8,
         lora_targets=["q_proj", "v_proj"],
-        tensorboard=False,
     )
     return TrainConfig(**(base | overrides))
 

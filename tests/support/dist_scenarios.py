@@ -78,7 +78,6 @@ def config(scenario: str) -> TrainConfig:
         lora_r=4,
         lora_alpha=8,
         lora_targets=["q_proj", "v_proj"],
-        tensorboard=False,
         dist_timeout_s=60,  # a regression fails the collective instead of hanging the test
     )
     extra: dict[str, dict[str, Any]] = {

@@ -235,9 +235,6 @@ class TrainConfig(BaseModel):
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
     keep_checkpoints: int = Field(0, ge=0, description="keep the newest N checkpoints (0: all)")
     seed: int = Field(0, description="a `searchteam train` run sets it from its top-level `seed`")
-    tensorboard: bool = Field(
-        True, description="TensorBoard curves under RUN/tensorboard when the run sets no report_to"
-    )
     save_rollouts: bool = Field(True, description="append every step's rewarded episodes to rollouts.jsonl")
     save_rollout_prompts: bool = Field(
         False,

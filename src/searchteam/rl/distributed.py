@@ -50,7 +50,8 @@ def make_accelerator(
     process group (gloo on the CPU, NCCL on GPUs) with the run's timeout. DDP broadcasts no buffers in the
     forward pass (they are constants: rotary frequencies) and tolerates parameters a micro-batch leaves
     unused: other roles' adapters, a critic idle on SFT turns or turns no GAE estimates."""
-    setup = setup or tracking.TrackingSetup(config={"train": config.model_dump(mode="json")})
+    own_config = {"train": config.model_dump(mode="json")}
+    setup = setup or tracking.TrackingSetup([tracking.NO_TRACKER], config=own_config)
     unused = config.lora_per_role or config.uses_critic
     accelerator = Accelerator(
         cpu=device == "cpu" or not torch.cuda.is_available(),
@@ -59,7 +60,7 @@ def make_accelerator(
             DistributedDataParallelKwargs(find_unused_parameters=unused, broadcast_buffers=False),
             InitProcessGroupKwargs(timeout=timedelta(seconds=config.dist_timeout_s)),
         ],
-        log_with=tracking.log_with(run_trackers(setup, config), run_dir) or None,
+        log_with=tracking.log_with(run_trackers(setup), run_dir) or None,
         project_dir=run_dir,
     )
     check_distributed(accelerator.distributed_type)

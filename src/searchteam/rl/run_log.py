@@ -19,7 +19,7 @@ from accelerate.utils import gather_object
 
 from searchteam import tracking
 from searchteam.files import read_jsonl_numbered, write_lines_atomic
-from searchteam.rl.config import LOG_NAME, ROLLOUTS_NAME, TrainConfig
+from searchteam.rl.config import LOG_NAME, ROLLOUTS_NAME
 from searchteam.rl.experience import Sample
 from searchteam.types import Episode
 
@@ -104,10 +104,10 @@ def truncate_jsonl(path: Path, key: str, upto: int) -> None:
     write_lines_atomic(path, (json.dumps(r) + "\n" for r in kept))
 
 
-def run_trackers(setup: tracking.TrackingSetup, config: TrainConfig) -> list[str]:
-    """The trackers a run starts: `report_to`, else TensorBoard when `config.tensorboard`."""
+def run_trackers(setup: tracking.TrackingSetup) -> list[str]:
+    """The trackers a run starts: `report_to`, else TensorBoard (training's default)."""
     if setup.report_to is None:
-        return tracking.default_trackers(config.tensorboard)
+        return tracking.default_trackers()
     names = tracking.trackers_for(setup.report_to)
     tracking.check_installed(names)
     return names

@@ -65,7 +65,7 @@ class Trainer:
     """PPO / GRPO / GSPO trainer for one Policy. `train()` runs until `config.steps`; `resume()` first
     restores the newest (or a given) checkpoint so that the run continues exactly where it stopped.
     Construction seeds python, numpy and torch from `config.seed` (after the policy's LoRA init).
-    `tracking_setup` names the trackers (`report_to`; default: TensorBoard when `config.tensorboard`), their
+    `tracking_setup` names the trackers (`report_to`, unset: TensorBoard; no setup: none), their
     project and the configuration they store for the accelerator the trainer makes (`make_accelerator`);
     a given `accelerator` logs to its own `log_with` trackers, started at the first record unless already.
 
@@ -101,7 +101,7 @@ class Trainer:
         np.random.seed(config.seed)
         torch.manual_seed(config.seed)
         own_config = {"train": config.model_dump(mode="json")}
-        self.tracking = tracking_setup or tracking.TrackingSetup(config=own_config)
+        self.tracking = tracking_setup or tracking.TrackingSetup([tracking.NO_TRACKER], config=own_config)
         self.accelerator = accelerator or make_accelerator(config, self.run_dir, self.tracking)
         check_distributed(self.accelerator.distributed_type)
         self.log = RunLog(self.run_dir, self.accelerator, self.tracking, on_step)
