@@ -55,8 +55,8 @@ INTROS = {
     "models run: [serving.md](serving.md#engines-where-a-runs-models-run).",
     "server": "The client of an OpenAI-compatible server (`backend: openai`, `base_url`).",
     "training": "`searchteam train` reads every field above plus these. It trains on `split: train` at "
-    "`temperature: 1.0` by default, refuses `temperature: 0` and `top_p` below 1, and hands the top-level "
-    "`temperature` and `seed` to the trainer (`train.temperature`, `train.seed`). Concepts and recipes: "
+    "`temperature: 1.0` by default, refuses `temperature: 0` and `top_p` below 1, and the trainer uses "
+    "the top-level `temperature` (it scores at it) and `seed`. Concepts and recipes: "
     "[training.md](training.md).",
     "train": "The trainer: advantage estimator, policy loss, critic, what is trained (one LoRA adapter, one "
     "per role, or every weight), optimizer, mini- and micro-batches, checkpoints and records. How they fit "

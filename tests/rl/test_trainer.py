@@ -385,8 +385,8 @@ def test_entropy_is_measured_on_the_completion_logits_and_logged_per_role(tokeni
         logp = torch.log_softmax(model(input_ids=ids).logits[0, 1:4].float() / 0.7, dim=-1)
     assert got[0].tolist() == pytest.approx((-(logp.exp() * logp).sum(-1)).tolist(), abs=1e-5)
 
-    cfg = config(steps=1, temperature=0.7)
-    policy = build_policy(tiny_model(tokenizer), tokenizer, cfg)
+    cfg = config(steps=1)
+    policy = build_policy(tiny_model(tokenizer), tokenizer, cfg, temperature=0.7)
     (record,) = Trainer(policy, scripted_rollout(tokenizer), random_reward, cfg, tmp_path).train()
     roles = [record["entropy/plan"], record["entropy/answer"]]
     assert all(0 < h <= torch.log(torch.tensor(float(len(tokenizer)))).item() for h in roles)

@@ -237,17 +237,16 @@ def test_a_key_the_config_does_not_have_is_refused_by_name():
         load_train_run_config(None, {"method": "search_r1"}, settings={"train.grad_accum": 4})
 
 
-def test_the_run_temperature_and_seed_are_the_trainers():
-
+def test_temperature_and_seed_are_set_once_at_the_top_level(tokenizer):
     cfg = load_train_run_config(None, {"method": "naive_rag", "temperature": 0.7, "seed": 5})
-    assert (cfg.train.temperature, cfg.train.seed) == (0.7, 5)
-    assert load_train_run_config(None, {"method": "naive_rag", "temperature": 0.7}).train.temperature == 0.7
+    assert (cfg.temperature, cfg.seed) == (0.7, 5)
+    assert build_policy(tiny_model(tokenizer), tokenizer, cfg.train, cfg.temperature).temperature == 0.7
+    for name in ("temperature", "seed"):
+        with pytest.raises(ConfigError, match=f"field 'train.{name}': Extra inputs are not permitted"):
+            load_train_run_config(None, {"method": "naive_rag"}, {f"train.{name}": 1})
 
 
-def test_a_second_temperature_or_a_greedy_one_is_refused():
-
-    with pytest.raises(ConfigError, match=r"train.temperature \(1.0\) differs from temperature \(0.7\)"):
-        load_train_run_config(None, {"method": "naive_rag", "temperature": 0.7}, {"train.temperature": 1.0})
+def test_a_greedy_temperature_is_refused():
     with pytest.raises(ConfigError, match="temperature 0 .greedy. cannot train"):
         load_train_run_config(None, {"method": "naive_rag", "temperature": 0.0})
 

@@ -125,12 +125,6 @@ class TrainConfig(BaseModel):
     kl_estimator: KLEstimator = Field(
         "k3", description="per-token KL estimate: k1 = log π/π_ref, k3 = π_ref/π − log(π_ref/π) − 1 (≥ 0)"
     )
-    temperature: float = Field(
-        1.0,
-        gt=0.0,
-        description="the rollouts' sampling temperature, applied to the training logits (a `searchteam "
-        "train` run sets it from its top-level `temperature`)",
-    )
     old_logprobs: Literal["recompute", "rollout"] = Field(
         "recompute",
         description="π_old: recompute with the policy before updating (exact), or reuse the sampling "
@@ -234,7 +228,6 @@ class TrainConfig(BaseModel):
     )
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
     keep_checkpoints: int = Field(0, ge=0, description="keep the newest N checkpoints (0: all)")
-    seed: int = Field(0, description="a `searchteam train` run sets it from its top-level `seed`")
     save_rollouts: bool = Field(True, description="append every step's rewarded episodes to rollouts.jsonl")
     save_rollout_prompts: bool = Field(
         False,

@@ -355,8 +355,9 @@ def _is_critic(name: str) -> bool:
     return name.startswith(("value_head.", "critic_model.")) or f".{CRITIC_ADAPTER}." in name
 
 
-def build_policy(model: nn.Module, tokenizer, config: TrainConfig) -> Policy:
-    """The policy a TrainConfig describes (critic head only for GAE; reference copy only with a KL term)."""
+def build_policy(model: nn.Module, tokenizer, config: TrainConfig, temperature: float = 1.0) -> Policy:
+    """The policy a TrainConfig describes (critic head only for GAE; reference copy only with a KL term),
+    scoring at the rollouts' sampling `temperature`."""
     return Policy(
         model,
         tokenizer,
@@ -369,14 +370,18 @@ def build_policy(model: nn.Module, tokenizer, config: TrainConfig) -> Policy:
         value_head=config.uses_critic,
         critic=config.critic,
         reference=config.kl_coef > 0,
-        temperature=config.temperature,
+        temperature=temperature,
         gradient_checkpointing=config.gradient_checkpointing,
         share_prefixes=config.share_prefixes,
     )
 
 
 def load_policy(
-    name: str, config: TrainConfig, device: str | torch.device | None = None, dtype: str | None = None
+    name: str,
+    config: TrainConfig,
+    device: str | torch.device | None = None,
+    dtype: str | None = None,
+    temperature: float = 1.0,
 ) -> Policy:
     """Load a preset or Hugging Face model by name (see `searchteam.llm.models`) and wrap it, on `device`
     (a training run passes its accelerator's: `cuda:<local rank>` under several processes). Full
@@ -394,4 +399,4 @@ def load_policy(
         tokenizer.pad_token = tokenizer.eos_token
     weights = weight_dtype(config, pick_dtype(dtype, place.type, training=True))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=weights)
-    return build_policy(model, tokenizer, config).to(place)
+    return build_policy(model, tokenizer, config, temperature).to(place)

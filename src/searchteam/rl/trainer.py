@@ -64,7 +64,8 @@ def lr_multiplier(step: int, config: TrainConfig) -> float:
 class Trainer:
     """PPO / GRPO / GSPO trainer for one Policy. `train()` runs until `config.steps`; `resume()` first
     restores the newest (or a given) checkpoint so that the run continues exactly where it stopped.
-    Construction seeds python, numpy and torch from `config.seed` (after the policy's LoRA init).
+    Construction seeds python, numpy and torch from `seed` (after the policy's LoRA init), which also
+    orders the mini-batches.
     `tracking_setup` names the trackers (`report_to`, unset: TensorBoard; no setup: none), their
     project and the configuration they store for the accelerator the trainer makes (`make_accelerator`);
     a given `accelerator` logs to its own `log_with` trackers, started at the first record unless already.
@@ -87,6 +88,7 @@ class Trainer:
         on_step: Callable[[dict[str, Any]], None] | None = None,
         warm_start: ws.WarmStart | None = None,
         tracking_setup: tracking.TrackingSetup | None = None,
+        seed: int = 0,
     ) -> None:
         _check_policy(policy, config)
         _warn_half_precision_weights(policy)
@@ -97,9 +99,9 @@ class Trainer:
         self.warm_start = warm_start
         self.run_dir = Path(run_dir)
         self.step = 0
-        random.seed(config.seed)
-        np.random.seed(config.seed)
-        torch.manual_seed(config.seed)
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
         own_config = {"train": config.model_dump(mode="json")}
         self.tracking = tracking_setup or tracking.TrackingSetup([tracking.NO_TRACKER], config=own_config)
         self.accelerator = accelerator or make_accelerator(config, self.run_dir, self.tracking)
@@ -113,7 +115,7 @@ class Trainer:
         # the schedule wraps `optimizer.step` before accelerate captures it (its fp16 step swaps it back)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, config))
         self.model, self.optimizer = self.accelerator.prepare(policy, optimizer)
-        self.updater = PolicyUpdater(policy, self.model, self.optimizer, self.accelerator, config)
+        self.updater = PolicyUpdater(policy, self.model, self.optimizer, self.accelerator, config, seed)
         self.policy.eval()
 
     # ---- the loop -------------------------------------------------------------------------------------

@@ -43,12 +43,14 @@ class PolicyUpdater:
         optimizer: Optimizer,
         accelerator: Accelerator,
         config: TrainConfig,
+        seed: int = 0,
     ) -> None:
         self.policy = policy
         self.model = model
         self.optimizer = optimizer
         self.accelerator = accelerator
         self.config = config
+        self.seed = seed  # orders the mini-batches
         pad_id = policy.tokenizer.pad_token_id
         self.pad_id = policy.tokenizer.eos_token_id if pad_id is None else pad_id
 
@@ -89,7 +91,7 @@ class PolicyUpdater:
 
     def generator(self, step: int, epoch: int, offset: int = 0) -> torch.Generator:
         """The shuffle of `epoch` of RL step `step` (`offset`: another stage's, e.g. the warm start's)."""
-        return torch.Generator().manual_seed(self.config.seed * 1_000_003 + step * 1009 + epoch + offset)
+        return torch.Generator().manual_seed(self.seed * 1_000_003 + step * 1009 + epoch + offset)
 
     def slots(self, samples: list[Sample], rank: int = 0) -> list[Slot]:
         """`samples` of process `rank` as the schedule sees them; with per-role LoRA a forward pass holds

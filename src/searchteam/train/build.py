@@ -63,7 +63,9 @@ def build_trainer(
     # the main process fills the caches first (converted models, engine exports, indexes): transformers
     # writes no weights from a process of rank > 0
     with accelerator.main_process_first():
-        policy = load_policy(cfg.model, cfg.train, device=accelerator.device, dtype=cfg.dtype)
+        policy = load_policy(
+            cfg.model, cfg.train, device=accelerator.device, dtype=cfg.dtype, temperature=cfg.temperature
+        )
         if initial is not None:
             policy.load_initial(initial)
         if cfg.judge_model:
@@ -86,6 +88,7 @@ def build_trainer(
         on_step=on_step,
         warm_start=warm,
         tracking_setup=tracked,
+        seed=cfg.seed,
     )
 
 

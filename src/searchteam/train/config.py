@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from searchteam.config import RunConfig
 from searchteam.errors import ConfigError
@@ -57,19 +57,6 @@ class TrainRunConfig(RunConfig):
                 "advantage is 0; sample at a temperature > 0 (the papers use 1.0)"
             )
         return temperature
-
-    @model_validator(mode="after")
-    def _one_temperature_and_seed(self) -> TrainRunConfig:
-        """The rollouts' temperature and seed are the trainer's: set once, at the top level."""
-        for name in ("temperature", "seed"):
-            mine, trainers = getattr(self, name), getattr(self.train, name)
-            if name in self.train.model_fields_set and trainers != mine:
-                raise ValueError(
-                    f"train.{name} ({trainers}) differs from {name} ({mine}): set {name} once, at the top "
-                    "level; the rollouts use it and so does the trainer"
-                )
-        self.train = self.train.model_copy(update={"temperature": self.temperature, "seed": self.seed})
-        return self
 
     @field_validator("top_p")
     @classmethod
