@@ -39,12 +39,12 @@ from searchteam.llm.models import resolve_model
 from searchteam.methods import build_reward_scheme, get_team, shipped_recipes
 from searchteam.rl.config import TrainConfig
 from searchteam.rl.experience import samples_from_episodes
-from searchteam.rl.memory_estimate import estimate_memory, shape_from_config
 from searchteam.rl.policy import build_policy
 from searchteam.rl.trainer import Trainer
 from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings
 from searchteam.train.config import load_train_run_config
+from searchteam.train.memory_estimate import estimate_memory, shape_from_config
 from searchteam.types import Episode, Passage, Question
 
 # Qwen/Qwen2.5-3B config.json (vocab_size is set to the tokenizer's below).
@@ -236,7 +236,7 @@ def main() -> None:
             print(f"           {peak_memory(device)}")
             torch.cuda.reset_peak_memory_stats(device)
     batch = f"micro-batch {args.micro_batch_size} x {longest} tokens, KV cache of {rollout_tokens} tokens"
-    print(f"estimate (searchteam.rl.memory_estimate, {batch}): {est.gib()}")
+    print(f"estimate (searchteam.train.memory_estimate, {batch}): {est.gib()}")
     print(f"openvino imported: {'openvino' in sys.modules}")
 
 

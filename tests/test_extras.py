@@ -108,7 +108,7 @@ def test_dense_retrieval_and_reranking_without_their_packages(
 
 def test_training_curves_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from searchteam.rl.config import LOG_NAME
-    from searchteam.rl.plot import curves_after_training, plot_run
+    from searchteam.train.plot import curves_after_training, plot_run
 
     (tmp_path / LOG_NAME).write_text('{"step": 1, "reward/mean": 0.5}\n')
     hide(monkeypatch, "matplotlib", "matplotlib.pyplot")
@@ -128,7 +128,7 @@ def test_tensorboard_missing_names_the_train_extra(monkeypatch: pytest.MonkeyPat
     with pytest.raises(ConfigError, match=r"pip install 'searchteam\[train\]'"):
         tracking.check_installed(["tensorboard"])
     with pytest.warns(UserWarning, match=r"pip install 'searchteam\[train\]'"):
-        assert tracking.default_trackers(True) == []
+        assert tracking.default_trackers() == []
 
 
 def test_a_trained_adapter_missing_from_the_install_says_where_to_get_it(

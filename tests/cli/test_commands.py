@@ -202,8 +202,8 @@ class FakeTrainer:
 
 @pytest.fixture
 def fake_training(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    import searchteam.rl.plot as plot
     import searchteam.train.build as training
+    import searchteam.train.plot as plot
 
     seen: dict[str, Any] = {}
 

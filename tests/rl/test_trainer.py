@@ -13,9 +13,9 @@ import torch
 
 from searchteam.rl.checkpoints import list_checkpoints
 from searchteam.rl.config import TrainConfig
-from searchteam.rl.plot import plot_run, trailing_mean
 from searchteam.rl.policy import Policy, build_policy
 from searchteam.rl.trainer import Trainer
+from searchteam.train.plot import plot_run, trailing_mean
 from searchteam.types import Episode, Question, Turn
 
 COMPLETIONS = {"plan": "<plan>find the city</plan>", "answer": "<answer>Paris</answer>"}

@@ -12,7 +12,6 @@ import torch
 
 from searchteam.rl.config import TrainConfig, WarmStartConfig
 from searchteam.rl.experience import collate
-from searchteam.rl.plot import plot_run
 from searchteam.rl.policy import Policy, build_policy
 from searchteam.rl.run_log import truncate_jsonl
 from searchteam.rl.trainer import Trainer
@@ -28,6 +27,7 @@ from searchteam.rl.warm_start.data import (
     round_stats,
     support_recall,
 )
+from searchteam.train.plot import plot_run
 from searchteam.types import Episode, Passage, Question, Retrieval, Turn
 from tests.rl.test_trainer import tiny_model, tokenizer  # noqa: F401  (the tokenizer fixture)
 

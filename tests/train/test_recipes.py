@@ -14,8 +14,8 @@ import pytest
 from searchteam.config import RunConfig
 from searchteam.factory import build_team
 from searchteam.methods import shipped_recipes
-from searchteam.rl.memory_estimate import QWEN25, estimate_memory
 from searchteam.train.config import load_train_run_config
+from searchteam.train.memory_estimate import QWEN25, estimate_memory
 
 RECIPES = [path for path, _ in shipped_recipes().values()]
 GPU_RECIPES = [p for p in RECIPES if p.stem.endswith("-gpu")]

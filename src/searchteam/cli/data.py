@@ -71,7 +71,7 @@ def export_questions(
 @app.command()
 def plot(run_dir: Annotated[Path, typer.Argument(help="A `searchteam train` run directory.")]) -> None:
     """Write PNG training curves for a run."""
-    from searchteam.rl.plot import plot_run
+    from searchteam.train.plot import plot_run
 
     with user_errors():
         console.print(f"wrote {plot_run(run_dir)}")

@@ -186,9 +186,9 @@ def train(
     the method's shipped recipe for this device (`searchteam recipes`)."""
     import sys
 
-    from searchteam.rl.plot import curves_after_training
     from searchteam.train.build import build_trainer, launch_processes
     from searchteam.train.config import check_shardable, load_train_run_config
+    from searchteam.train.plot import curves_after_training
 
     with user_errors():
         quiet_libraries()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from searchteam.rl.memory_estimate import GIB, QWEN25, ModelShape, estimate_memory, shape_from_config
+from searchteam.train.memory_estimate import GIB, QWEN25, ModelShape, estimate_memory, shape_from_config
 
 # H=4, I=8, 2 layers, 2 heads (head dim 2), 1 KV head (kv dim 2), vocabulary 10, tied embeddings.
 TINY = ModelShape(hidden=4, intermediate=8, layers=2, heads=2, kv_heads=1, vocab=10)
