@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from accelerate import Accelerator
 
-from searchteam.factory import build_team, effective_config, secondary_llm
+from searchteam.factory import secondary_llm
 from searchteam.methods import build_reward_scheme
 from searchteam.metrics import answer_scores
 from searchteam.rewards.base import RewardScheme
@@ -22,16 +22,7 @@ from searchteam.rl.policy import Policy, load_policy
 from searchteam.rl.trainer import Trainer
 from searchteam.rl.warm_start.data import WarmStart, append_sampling, read_sampling, sampling_path
 from searchteam.teams import Team
-from searchteam.tracking import TrackingSetup, check_installed, trackers_for
-from searchteam.train.config import (
-    TrainRunConfig,
-    check_reward_placement,
-    check_shardable,
-    initial_checkpoint,
-    training_models,
-    training_questions,
-    warm_start_run_config,
-)
+from searchteam.train.config import TrainRunConfig, check_shardable, plan_training, training_questions
 from searchteam.train.rollout import Rollout
 from searchteam.types import Episode, Question
 
@@ -47,37 +38,29 @@ def build_trainer(
     """The trainer of a run, in this process: under several processes (`torchrun`, `accelerate launch`)
     the accelerator joins the process group first, then this process loads the policy on its device and
     rolls out its share of the questions; only the main process writes the run's files."""
-    team = build_team(cfg)
-    warm_cfg = warm_start_run_config(cfg) if cfg.warm_start else None
-    warm_team = build_team(warm_cfg) if warm_cfg else None  # validates the stage's own options
-    reward = build_reward_scheme(cfg.method, cfg.reward)  # validates the options before loading models
-    check_reward_placement(getattr(getattr(reward, "options", None), "placement", None), cfg.train)
-    training_models(cfg)  # e.g. refuses a QAgent stage-2 run without submodule mode before any model loads
-    initial = initial_checkpoint(cfg)
-    check_installed(trackers_for(cfg.report_to))  # a named tracker that is missing, before any model loads
-    resolved = effective_config(cfg, team)
-    tracked = TrackingSetup(cfg.report_to, cfg.tracker_project, resolved)
-    accelerator = accelerator or make_accelerator(cfg.train, out, tracked, device=cfg.device)
+    plan = plan_training(cfg)
+    accelerator = accelerator or make_accelerator(cfg.train, out, plan.tracking, device=cfg.device)
     shard = {"rank": accelerator.process_index, "world": accelerator.num_processes}
     check_shardable(cfg, shard["world"])
+    reward = plan.reward
     # the main process fills the caches first (converted models, engine exports, indexes): transformers
     # writes no weights from a process of rank > 0
     with accelerator.main_process_first():
         policy = load_policy(
             cfg.model, cfg.train, device=accelerator.device, dtype=cfg.dtype, temperature=cfg.temperature
         )
-        if initial is not None:
-            policy.load_initial(initial)
+        if plan.initial is not None:
+            policy.load_initial(plan.initial)
         if cfg.judge_model:
             reward = build_reward_scheme(cfg.method, cfg.reward, judge=secondary_llm(cfg, cfg.judge_model))
         out.mkdir(parents=True, exist_ok=True)
         questions = training_questions(cfg)
-        rollout = Rollout(cfg, team, policy, questions, out / "rollout_adapters", **shard)
+        rollout = Rollout(cfg, plan.team, policy, questions, out / "rollout_adapters", **shard)
     warm = None
-    if warm_cfg and warm_team:
-        warm = warm_start_stage(warm_cfg, warm_team, policy, questions, out, reward, **shard)
+    if plan.warm is not None:
+        warm = warm_start_stage(*plan.warm, policy, questions, out, reward, **shard)
     if accelerator.is_main_process:
-        (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+        (out / "config.yaml").write_text(yaml.safe_dump(plan.tracking.config, sort_keys=False))
     return Trainer(
         policy,
         rollout,
@@ -87,7 +70,7 @@ def build_trainer(
         accelerator=accelerator,
         on_step=on_step,
         warm_start=warm,
-        tracking_setup=tracked,
+        tracking_setup=plan.tracking,
         seed=cfg.seed,
     )
 

@@ -3,6 +3,7 @@ RL knobs), loaded from a file or the method's recipe and checked before any mode
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +11,13 @@ from pydantic import Field, field_validator
 
 from searchteam.config import RunConfig
 from searchteam.errors import ConfigError
-from searchteam.factory import load_run_config, select_questions
+from searchteam.factory import build_team, effective_config, load_run_config, select_questions
 from searchteam.llm.models import TRAINED, checkpoint_of
-from searchteam.methods import get_method, recipe_name, resolve_config_path
+from searchteam.methods import build_reward_scheme, get_method, recipe_name, resolve_config_path
+from searchteam.rewards.base import RewardScheme
 from searchteam.rl.config import TrainConfig, WarmStartConfig
+from searchteam.teams import Team
+from searchteam.tracking import TrackingSetup, check_installed, trackers_for
 from searchteam.types import Question
 
 DEFAULT_TRAIN_DATASETS = ["nq", "hotpotqa"]  # the papers train on NQ + HotpotQA
@@ -182,3 +186,30 @@ def check_equal_shares(name: str, count: int, world: int) -> None:
             f"{name} ({count}) must be a multiple of the number of processes ({world}): each process "
             "rolls out an equal share of the questions"
         )
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """A training run's config resolved once, every check done before any model loads: the team and its
+    reward scheme, the warm start's run config and team, the weights to start from, and the trackers with
+    the effective config they record (and `config.yaml` holds)."""
+
+    team: Team
+    reward: RewardScheme
+    warm: tuple[TrainRunConfig, Team] | None
+    initial: Path | None
+    tracking: TrackingSetup
+
+
+def plan_training(cfg: TrainRunConfig) -> TrainingPlan:
+    """Resolve and check everything `cfg` names that can fail before a model loads."""
+    team = build_team(cfg)
+    warm_cfg = warm_start_run_config(cfg) if cfg.warm_start else None
+    warm = (warm_cfg, build_team(warm_cfg)) if warm_cfg else None  # validates the stage's own options
+    reward = build_reward_scheme(cfg.method, cfg.reward)  # validates the options
+    check_reward_placement(getattr(getattr(reward, "options", None), "placement", None), cfg.train)
+    training_models(cfg)  # e.g. refuses a QAgent stage-2 run without submodule mode
+    initial = initial_checkpoint(cfg)
+    check_installed(trackers_for(cfg.report_to))  # a named tracker that is missing
+    tracking = TrackingSetup(cfg.report_to, cfg.tracker_project, effective_config(cfg, team))
+    return TrainingPlan(team, reward, warm, initial, tracking)
