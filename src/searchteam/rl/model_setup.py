@@ -9,7 +9,7 @@ import json
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -118,3 +118,22 @@ def read_full_checkpoint(directory: Path, value_head: bool, critic: bool) -> dic
         for f in sorted((directory / "critic").glob("*.safetensors")):
             state.update({f"critic_model.{k}": v for k, v in load_file(f).items()})
     return state
+
+
+def load_model(
+    name: str, config: TrainConfig, place: torch.device, dtype: str | None
+) -> tuple[nn.Module, Any]:
+    """A preset or Hugging Face model by name (see `searchteam.llm.models`) and its tokenizer (padding with
+    its end-of-sequence token where it has no pad token). Full fine-tuning loads fp32 weights whatever
+    `dtype` says (`weight_dtype`); LoRA keeps a `dtype` backbone."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from searchteam.llm.hf import pick_dtype
+    from searchteam.llm.models import resolve_model
+
+    path = resolve_model(name)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    weights = weight_dtype(config, pick_dtype(dtype, place.type, training=True))
+    return AutoModelForCausalLM.from_pretrained(path, dtype=weights), tokenizer

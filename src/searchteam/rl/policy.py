@@ -20,12 +20,12 @@ from searchteam.rl.model_setup import (
     Mode,
     enable_activation_checkpointing,
     frozen_copy,
+    load_model,
     mode_of,
     name_preset_base,
     process_device,
     read_full_checkpoint,
     trainable_copy,
-    weight_dtype,
     with_lora,
 )
 
@@ -383,20 +383,8 @@ def load_policy(
     dtype: str | None = None,
     temperature: float = 1.0,
 ) -> Policy:
-    """Load a preset or Hugging Face model by name (see `searchteam.llm.models`) and wrap it, on `device`
-    (a training run passes its accelerator's: `cuda:<local rank>` under several processes). Full
-    fine-tuning loads fp32 weights whatever `dtype` says (see `weight_dtype`); LoRA keeps a `dtype`
-    backbone."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from searchteam.llm.hf import pick_dtype
-    from searchteam.llm.models import resolve_model
-
-    path = resolve_model(name)
+    """Load a preset or Hugging Face model by name (`model_setup.load_model`) and wrap it, on `device` (a
+    training run passes its accelerator's: `cuda:<local rank>` under several processes)."""
     place = process_device(device)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    weights = weight_dtype(config, pick_dtype(dtype, place.type, training=True))
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=weights)
+    model, tokenizer = load_model(name, config, place, dtype)
     return build_policy(model, tokenizer, config, temperature).to(place)
