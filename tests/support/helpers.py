@@ -20,7 +20,7 @@ def serve_on_loopback(app) -> Iterator[str]:
     """Run an ASGI `app` with uvicorn on a free loopback port in a thread; gives its /v1 base url."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
