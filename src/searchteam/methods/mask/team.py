@@ -45,9 +45,12 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from pydantic import Field
+
 from searchteam.runtime.context import Context
-from searchteam.teams.base import Team, format_documents
+from searchteam.teams.base import Team, TeamOptions, format_documents
 from searchteam.teams.parsing import capped, flat, last_tag, opened_tail, small_int, tag_pairs, untagged
+from searchteam.teams.transcript import dedupe
 from searchteam.types import Message, Question, Record, Turn
 
 UNKNOWN = "unknown"
@@ -228,6 +231,15 @@ class MASK(Team):
     default_top_k = 5  # Table 6: each search "retrieved 5 document fragments"
     roles = tuple(MAX_NEW_TOKENS)
 
+    class Options(TeamOptions):
+        answer_reads: Literal["trajectory", "passages"] = Field(
+            "trajectory",
+            description="what the Answer Agent reads: the thinking trajectory (the paper), or the trajectory "
+            "and every passage the episode retrieved",
+        )
+
+    options: Options
+
     async def run(self, q: Question, ctx: Context) -> str:
         # Phase I (Algorithm 1, line 7): K_0 from parametric memory.
         ctx.step = 0
@@ -305,7 +317,12 @@ class MASK(Team):
         return op
 
     async def answer(self, state: KnowledgeState, ctx: Context, turn: int | None) -> str:
-        messages = self.chat("answer", question=state.question, trajectory=state.trajectory_text())
+        fields = {"question": state.question, "trajectory": state.trajectory_text()}
+        if self.options.answer_reads == "passages":
+            passages = dedupe([p for r in ctx.episode.retrievals for p in r.passages])
+            messages = self.chat("answer_passages", documents=format_documents(passages), **fields)
+        else:
+            messages = self.chat("answer", **fields)
         call = await self._call(ctx, "answer", messages, ANSWER_STOP, continuation=ANSWER_OPEN)
         answer = self.answer_from(call, tag="predicted_answer", prefill=ANSWER_OPEN)
         MaskRecord(turn=turn, predicted_answer=answer).write(call)

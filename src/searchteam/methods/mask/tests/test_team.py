@@ -47,8 +47,8 @@ def scripted(replies: dict[str, list[str] | str]) -> ScriptedLLM:
     return ScriptedLLM(respond)
 
 
-def run(llm: ScriptedLLM, *, max_turns: int = 4, training: bool = False) -> Episode:
-    team = get_team("mask", TeamSettings(max_turns=max_turns, top_k=2))
+def run(llm: ScriptedLLM, *, max_turns: int = 4, training: bool = False, **options: str) -> Episode:
+    team = get_team("mask", TeamSettings(max_turns=max_turns, top_k=2, options=options))
     backends = make_backends({"policy": llm}, TinyRetriever(PASSAGES))
     episodes, _ = asyncio.run(
         run_episodes(team.run, "mask", [QUESTION], backends, Sampling(), progress=False, training=training)
@@ -133,6 +133,19 @@ def test_answer_reply_continues_the_prefilled_tag():
     assert ep.answer == "Thomas Mann"
     ep = run(scripted(default_replies(search="<end>", answer="Mann, a German novelist who wrote")))
     assert not ep.turns_of("answer")[0].parsed_ok and "Mann" in ep.answer
+
+
+def test_answer_reads_the_retrieved_passages_only_when_asked():
+    llm = scripted(default_replies(search=["<search>German novelist</search>", "<end>"]))
+    ep = run(llm, answer_reads="passages")
+    (turn,) = ep.turns_of("answer")
+    user = turn.messages[-1]["content"]
+    assert "Doc 1 (Title: Thomas Mann) Thomas Mann was a German novelist." in user
+    assert "Thinking trajectory:" in user and ep.answer == "Thomas Mann"
+    (plain,) = run(scripted(default_replies(search=["<search>German novelist</search>", "<end>"]))).turns_of(
+        "answer"
+    )
+    assert "Documents:" not in plain.messages[-1]["content"]
 
 
 def test_search_prompt_shows_history_and_trajectory():
