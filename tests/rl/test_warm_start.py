@@ -227,7 +227,7 @@ def rl_config(**overrides) -> TrainConfig:
     base = dict(
         steps=1, lr=1e-3, micro_batch_size=2, lora_r=4, lora_alpha=8, lora_targets=["q_proj", "v_proj"]
     )
-    return TrainConfig(**(base | {"tensorboard": False} | overrides))
+    return TrainConfig(**(base | overrides))
 
 
 def kept_nll(policy: Policy, tokenizer) -> float:  # noqa: F811
