@@ -108,6 +108,11 @@ class Episode(BaseModel):
     meta: dict[str, Any] = Field(default_factory=dict)
 
     @property
+    def passages(self) -> list[Passage]:
+        """Every passage its searches returned, in search order (a passage found twice is listed twice)."""
+        return [p for r in self.retrievals for p in r.passages]
+
+    @property
     def prompt_tokens(self) -> int:
         return sum(t.prompt_tokens for t in self.turns)
 

@@ -40,6 +40,11 @@ def check_distributed(kind: DistributedType) -> None:
         )
 
 
+def untracked(config: TrainConfig) -> tracking.TrackingSetup:
+    """No trackers, with the trainer's config as the run's: a trainer built in code without a setup."""
+    return tracking.TrackingSetup([tracking.NO_TRACKER], config={"train": config.model_dump(mode="json")})
+
+
 def make_accelerator(
     config: TrainConfig,
     run_dir: Path,
@@ -50,8 +55,7 @@ def make_accelerator(
     process group (gloo on the CPU, NCCL on GPUs) with the run's timeout. DDP broadcasts no buffers in the
     forward pass (they are constants: rotary frequencies) and tolerates parameters a micro-batch leaves
     unused: other roles' adapters, a critic idle on SFT turns or turns no GAE estimates."""
-    own_config = {"train": config.model_dump(mode="json")}
-    setup = setup or tracking.TrackingSetup([tracking.NO_TRACKER], config=own_config)
+    setup = setup or untracked(config)
     unused = config.lora_per_role or config.uses_critic
     accelerator = Accelerator(
         cpu=device == "cpu" or not torch.cuda.is_available(),

@@ -35,7 +35,7 @@ from searchteam.rl.checkpoints import (
     save_checkpoint,
 )
 from searchteam.rl.config import CHECKPOINTS, TrainConfig
-from searchteam.rl.distributed import check_distributed, make_accelerator, slowest, sum_over_ranks
+from searchteam.rl.distributed import check_distributed, make_accelerator, slowest, sum_over_ranks, untracked
 from searchteam.rl.experience import Render, Sample, samples_from_episodes
 from searchteam.rl.policy import Policy
 from searchteam.rl.run_log import RunLog, credit_stats, light, mismatch_stats, mismatch_sums, role_stats
@@ -102,8 +102,7 @@ class Trainer:
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)
-        own_config = {"train": config.model_dump(mode="json")}
-        self.tracking = tracking_setup or tracking.TrackingSetup([tracking.NO_TRACKER], config=own_config)
+        self.tracking = tracking_setup or untracked(config)
         self.accelerator = accelerator or make_accelerator(config, self.run_dir, self.tracking)
         check_distributed(self.accelerator.distributed_type)
         self.log = RunLog(self.run_dir, self.accelerator, self.tracking, on_step)

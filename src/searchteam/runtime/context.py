@@ -123,7 +123,7 @@ class Context:
 
     def retrieved_ids(self) -> set[str]:
         """The ids of every passage this episode's searches returned so far."""
-        return {p.id for r in self.episode.retrievals for p in r.passages}
+        return {p.id for p in self.episode.passages}
 
     def snapshot(self, state: dict[str, Any]) -> None:
         """Record the team's structured state after a step, so a run can be replayed like a case study."""

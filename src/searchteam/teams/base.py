@@ -85,7 +85,7 @@ class Team(ABC):
         format error."""
         ctx.new_passages_only = self.settings.new_passages_only
         answer = await self.run(q, ctx)
-        texts = [q.question, *(p.contents for r in ctx.episode.retrievals for p in r.passages)]
+        texts = [q.question, *(p.contents for p in ctx.episode.passages)]
         if not unsupported_copy(answer, texts, self.example_answers()):
             return answer
         ctx.episode.meta[WITHDRAWN] = answer

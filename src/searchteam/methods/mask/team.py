@@ -319,8 +319,8 @@ class MASK(Team):
     async def answer(self, state: KnowledgeState, ctx: Context, turn: int | None) -> str:
         fields = {"question": state.question, "trajectory": state.trajectory_text()}
         if self.options.answer_reads == "passages":
-            passages = dedupe([p for r in ctx.episode.retrievals for p in r.passages])
-            messages = self.chat("answer_passages", documents=format_documents(passages), **fields)
+            documents = format_documents(dedupe(ctx.episode.passages))
+            messages = self.chat("answer_passages", documents=documents, **fields)
         else:
             messages = self.chat("answer", **fields)
         call = await self._call(ctx, "answer", messages, ANSWER_STOP, continuation=ANSWER_OPEN)

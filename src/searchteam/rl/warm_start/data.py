@@ -53,7 +53,7 @@ def support_recall(episode: Episode) -> float | None:
     titles = set(episode.question.meta.get("supporting_titles") or [])
     if not titles:
         return None
-    found = {p.title for r in episode.retrievals for p in r.passages}
+    found = {p.title for p in episode.passages}
     return len(titles & found) / len(titles)
 
 
