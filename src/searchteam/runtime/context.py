@@ -97,6 +97,10 @@ class Context:
             continuation=continuation or None,
             continuation_chars=len(continuation),
         )
+        return self.record(turn)
+
+    def record(self, turn: Turn) -> Turn:
+        """Add `turn` to the episode (and tell `on_turn`): every LLM call's, or one the environment wrote."""
         self.episode.turns.append(turn)
         if self.on_turn is not None:
             self.on_turn(self.episode, turn)

@@ -78,12 +78,32 @@ class Transcript:
             role, messages, stop=stop, max_new_tokens=max_new_tokens, continuation=self.text, model=model
         )
         turn.env_spans = spans
-        if turn.completion:
-            self.segments.append(Segment("model", turn.completion))
-            self._record.append(
-                {"source": "model", "text": turn.completion, "turn": len(ctx.episode.turns) - 1}
-            )
+        self._add_model(ctx, turn.completion)
         return turn
+
+    def write(self, ctx: Context, role: str, messages: list[Message], text: str) -> Turn:
+        """A turn the environment writes in `role`'s name (a privileged demonstration while sampling for a
+        warm start): recorded like a policy call's turn, without token ids or logprobs, so likelihood
+        training tokenizes it from its text; `turn.meta["written"]` marks it."""
+        turn = Turn(
+            role=role,
+            step=ctx.step,
+            messages=messages,
+            completion=text,
+            continuation=self.text or None,
+            continuation_chars=len(self.text),
+            env_spans=self.env_spans(),
+            meta={"written": True},
+        )
+        ctx.record(turn)
+        self._add_model(ctx, text)
+        return turn
+
+    def _add_model(self, ctx: Context, text: str) -> None:
+        """`text` as a model segment of the episode's last turn."""
+        if text:
+            self.segments.append(Segment("model", text))
+            self._record.append({"source": "model", "text": text, "turn": len(ctx.episode.turns) - 1})
 
     async def force_answer(
         self, ctx: Context, role: str, messages: list[Message], *, max_new_tokens: int, model: str = "policy"

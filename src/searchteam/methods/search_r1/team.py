@@ -15,7 +15,13 @@ Search-R1 counts invalid actions as turns too). Options:
   `max_new_tokens_per_role: {agent: N}` still overrides both;
 - `first_search`: `agent` (the paper) or `question`: before the agent's first action the environment
   writes `<search> QUESTION </search>` and its `<information>`, so the agent starts from naive RAG's
-  evidence and searches on only for what it lacks (not in the paper).
+  evidence and searches on only for what it lacks (not in the paper);
+- `bridge_hint` (privileged, for a warm start's sampling; not in the paper): after a search, while one of
+  the question's `supporting_titles` has not been returned but the question or a passage read so far
+  mentions it, the environment writes the agent's next action itself: `<search>` for that name (once per
+  title; `Transcript.write`). Expert iteration then imitates that query in the state the agent reached on
+  its own, so it learns to search for the bridge entity it read. Questions without supporting titles get
+  no such turn.
 
 Fallbacks (each flags a format error on the turn, never raises):
 - an output with neither `<search>…</search>` nor `<answer>…</answer>` (or an empty query): Search-R1's
@@ -27,6 +33,7 @@ Fallbacks (each flags a format error on the turn, never raises):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -36,7 +43,7 @@ from searchteam.runtime.context import Context
 from searchteam.teams.base import Team, TeamOptions, TeamSettings
 from searchteam.teams.parsing import tag_pairs
 from searchteam.teams.transcript import Transcript, information_block
-from searchteam.types import Message, Question
+from searchteam.types import Episode, Message, Question, Turn
 
 ACTION_STOP = ("</search>", "</answer>")
 ACTION_TOKENS = 128
@@ -78,6 +85,11 @@ class SearchR1(Team):
         first_search: Literal["agent", "question"] = Field(
             "agent", description="the first search: the agent's own, or the question's (naive RAG's evidence)"
         )
+        bridge_hint: bool = Field(
+            False,
+            description="privileged, for warm-start sampling: after a search, the environment searches "
+            "for a missing supporting title the agent has read, as the agent's action",
+        )
 
     options: Options
 
@@ -87,6 +99,7 @@ class SearchR1(Team):
         self.action_tokens = self.options.action_tokens
         self.answer_tokens = self.options.answer_tokens
         self.first_search = self.options.first_search
+        self.bridge_hint = self.options.bridge_hint
 
     def messages(self, question: str) -> list[Message]:
         """The agent's prompt: our default chat, or Search-R1's template as its data scripts fill it."""
@@ -99,13 +112,12 @@ class SearchR1(Team):
     async def run(self, q: Question, ctx: Context) -> str:
         messages = self.messages(q.question)
         transcript = Transcript(ctx.episode)
+        hinted: set[str] = set()
         if self.first_search == "question":
             await self.search(q.question, ctx, transcript, opened=True)
         for step in range(self.settings.max_turns):
             ctx.step = step
-            turn = await transcript.generate(
-                ctx, "agent", messages, stop=ACTION_STOP, max_new_tokens=self.action_tokens
-            )
+            turn = await self.act(q, ctx, transcript, messages, hinted)
             action = parse_action(turn.completion)
             state: dict[str, object] = {"action": action.kind}
             if action.kind == "answer":
@@ -123,6 +135,23 @@ class SearchR1(Team):
         ctx.snapshot({"action": "forced_answer"})
         return answer
 
+    async def act(
+        self, q: Question, ctx: Context, transcript: Transcript, messages: list[Message], hinted: set[str]
+    ) -> Turn:
+        """One action: the agent's, or with `bridge_hint` the search for a missing bridge title (`hinted`:
+        the titles already searched this way)."""
+        title = (
+            missing_bridge(q, ctx.episode, hinted) if self.bridge_hint and ctx.episode.retrievals else None
+        )
+        if title is None:
+            return await transcript.generate(
+                ctx, "agent", messages, stop=ACTION_STOP, max_new_tokens=self.action_tokens
+            )
+        hinted.add(title)
+        return transcript.write(
+            ctx, "agent", messages, self.prompts["bridge_hint"].format(name=title_name(title))
+        )
+
     async def search(
         self, query: str, ctx: Context, transcript: Transcript, opened: bool = False
     ) -> dict[str, object]:
@@ -132,3 +161,18 @@ class SearchR1(Team):
         opener = f"<search> {query} </search>" if opened else ""
         transcript.add_env(opener + information_block(passages))
         return {"query": query, "passages": [p.id for p in passages]}
+
+
+def title_name(title: str) -> str:
+    """A title without its disambiguation, `Paris (film)` → `Paris`: how a passage would mention it."""
+    return re.sub(r"\s*\([^)]*\)$", "", title).strip()
+
+
+def missing_bridge(q: Question, episode: Episode, skip: set[str]) -> str | None:
+    """The first supporting title of `q`, not in `skip`, that no search of `episode` returned but that the
+    question or a passage returned so far mentions (case-insensitive, disambiguation dropped); None when
+    there is none."""
+    found = {p.title for p in episode.passages} | skip
+    read = " ".join([q.question, *(p.text for p in episode.passages)]).lower()
+    titles = q.meta.get("supporting_titles") or []
+    return next((t for t in titles if t not in found and title_name(t).lower() in read), None)

@@ -245,3 +245,33 @@ def test_new_passages_only_leaves_out_what_earlier_searches_returned():
     assert first == ["1"] and second and second[0] != "1"
     plain = run(same_query, TeamSettings(top_k=1))
     assert [p.id for r in plain.retrievals for p in r.passages] == ["1", "1"]
+
+
+BRIDGE = Question(
+    id="b",
+    question="Which German novelist visited Paris?",
+    golden_answers=["Thomas Mann"],
+    meta={"supporting_titles": ["Thomas Mann", "Paris"]},
+)
+
+
+def test_bridge_hint_writes_the_search_for_a_missing_title_the_agent_has_read():
+    settings = TeamSettings(top_k=1, options={"bridge_hint": True})
+    ep, requests = run_with_requests(search_then_answer, settings, question=BRIDGE)
+    # the agent's search found Thomas Mann; "Paris" is missing and named in the question: the environment
+    # searches for it in the agent's name, once, and the agent answers from both
+    assert [r.query for r in ep.retrievals] == ["German novelist", "Paris"]
+    searched, written, answered = ep.turns
+    assert written.meta == {"written": True} and written.role == "agent" and written.model == "policy"
+    assert (
+        written.completion == "<think> I still need to know about Paris. </think>\n<search> Paris </search>"
+    )
+    assert not written.prompt_token_ids and written.logprobs is None
+    assert written.continuation == searched.completion + ep.meta["transcript"][1]["text"]
+    assert [s.get("turn") for s in ep.meta["transcript"]] == [0, None, 1, None, 2]
+    assert len(requests) == 2 and ep.answer == "Thomas Mann" and "written" not in answered.meta
+
+
+def test_without_bridge_hint_the_agent_alone_acts():
+    ep = run(search_then_answer, TeamSettings(top_k=1), question=BRIDGE)
+    assert [r.query for r in ep.retrievals] == ["German novelist"]
