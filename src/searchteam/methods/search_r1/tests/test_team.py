@@ -6,10 +6,12 @@ from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.methods import get_team
 from searchteam.methods.search_r1.team import parse_action
+from searchteam.rl.warm_start.data import likelihood_samples
 from searchteam.runtime import Context, Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings
 from searchteam.teams.transcript import Transcript
 from searchteam.types import Episode, Question
+from tests.rl.test_trainer import tokenizer  # noqa: F401  (the fixture)
 from tests.support.helpers import PASSAGES, TinyRetriever
 
 QUESTION = Question(id="q", question="Which novelist was German?", golden_answers=["Thomas Mann"])
@@ -270,6 +272,17 @@ def test_bridge_hint_writes_the_search_for_a_missing_title_the_agent_has_read():
     assert written.continuation == searched.completion + ep.meta["transcript"][1]["text"]
     assert [s.get("turn") for s in ep.meta["transcript"]] == [0, None, 1, None, 2]
     assert len(requests) == 2 and ep.answer == "Thomas Mann" and "written" not in answered.meta
+
+
+def test_a_written_search_is_a_likelihood_sample_of_the_student(tokenizer):  # noqa: F811
+    ep = run(search_then_answer, TeamSettings(top_k=1, options={"bridge_hint": True}), question=BRIDGE)
+    samples = likelihood_samples([ep], tokenizer)
+    written = ep.turns[1]
+    assert len(samples) == 3 and all(s.sft for s in samples)
+    ids = tokenizer(written.completion, add_special_tokens=False)["input_ids"]
+    assert samples[1].completion_ids == ids and samples[1].loss_mask == [1] * len(ids)
+    # its prompt holds what the agent had read: its own search and the information block
+    assert tokenizer.decode(samples[1].prompt_ids).endswith(written.continuation)
 
 
 def test_without_bridge_hint_the_agent_alone_acts():
