@@ -20,8 +20,8 @@ Search-R1 counts invalid actions as turns too). Options:
   the question's `supporting_titles` has not been returned but the question or a passage read so far
   mentions it, the environment writes the agent's next action itself: `<search>` for that name (once per
   title; `Transcript.write`). Expert iteration then imitates that query in the state the agent reached on
-  its own, so it learns to search for the bridge entity it read. Questions without supporting titles get
-  no such turn.
+  its own, so it learns to search for the bridge entity it read. Never for a title that names a gold
+  answer (it would teach answering with what was searched); questions without supporting titles get none.
 
 Fallbacks (each flags a format error on the turn, never raises):
 - an output with neither `<search>…</search>` nor `<answer>…</answer>` (or an empty query): Search-R1's
@@ -39,6 +39,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from searchteam.metrics import answer_scores
 from searchteam.runtime.context import Context
 from searchteam.teams.base import Team, TeamOptions, TeamSettings
 from searchteam.teams.parsing import tag_pairs
@@ -171,8 +172,20 @@ def title_name(title: str) -> str:
 def missing_bridge(q: Question, episode: Episode, skip: set[str]) -> str | None:
     """The first supporting title of `q`, not in `skip`, that no search of `episode` returned but that the
     question or a passage returned so far mentions (case-insensitive, disambiguation dropped); None when
-    there is none."""
+    there is none. A title that names a gold answer is never one: a search for it would teach the agent to
+    answer with what it searched."""
     found = {p.title for p in episode.passages} | skip
     read = " ".join([q.question, *(p.text for p in episode.passages)]).lower()
-    titles = q.meta.get("supporting_titles") or []
-    return next((t for t in titles if t not in found and title_name(t).lower() in read), None)
+    return next(
+        (
+            t
+            for t in q.meta.get("supporting_titles") or []
+            if t not in found and title_name(t).lower() in read and not names_answer(t, q)
+        ),
+        None,
+    )
+
+
+def names_answer(title: str, q: Question) -> bool:
+    """Whether `title` (its name) would score F1 ≥ 0.5 as an answer to `q`."""
+    return answer_scores(title_name(title), q.golden_answers)["f1"] >= 0.5

@@ -285,6 +285,15 @@ def test_a_written_search_is_a_likelihood_sample_of_the_student(tokenizer):  # n
     assert tokenizer.decode(samples[1].prompt_ids).endswith(written.continuation)
 
 
+def test_no_search_is_written_for_a_title_that_is_the_answer():
+    # searching for the answer's own title would teach the agent to answer with what it searched
+    answer_is_paris = BRIDGE.model_copy(update={"golden_answers": ["Paris"]})
+    ep = run(
+        search_then_answer, TeamSettings(top_k=1, options={"bridge_hint": True}), question=answer_is_paris
+    )
+    assert [r.query for r in ep.retrievals] == ["German novelist"]
+
+
 def test_without_bridge_hint_the_agent_alone_acts():
     ep = run(search_then_answer, TeamSettings(top_k=1), question=BRIDGE)
     assert [r.query for r in ep.retrievals] == ["German novelist"]
