@@ -251,3 +251,13 @@ def test_the_qagent_reader_recipe_trains_only_an_unfrozen_generator():
     assert team.mode == "submodule" and team.frozen_generator is False and cfg.train.roles == ["generator"]
     assert cfg.init_from == "runs/qagent-submodule/warm_start/round-02"  # the submodule recipe's agent
     assert not cfg.extra_models  # the policy reads
+
+
+def test_a_privileged_option_is_refused_outside_the_warm_start():
+    from searchteam.train.config import plan_training
+
+    bridge = Path("search_r1/qwen0.5b-cpu-bridge")
+    plan = plan_training(load_train_run_config(bridge, {}))  # under warm_start.options: accepted
+    assert plan.warm is not None and plan.warm[1].options.bridge_hint and not plan.team.options.bridge_hint
+    with pytest.raises(ConfigError, match="warm_start.options"):
+        plan_training(load_train_run_config(bridge, {"options": {"bridge_hint": True}}))

@@ -57,6 +57,9 @@ class Team(ABC):
     model_names: ClassVar[tuple[str, ...]] = ()
     Options: ClassVar[type[TeamOptions]] = TeamOptions
     option_names: ClassVar[tuple[str, ...]] = ()
+    # options that write the policy's actions from privileged data (e.g. Search-R1's bridge_hint): only a
+    # warm start's sampling may turn them on in training (an evaluation with them is a privileged diagnostic)
+    warm_start_only: ClassVar[tuple[str, ...]] = ()
     options: TeamOptions
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -201,9 +201,19 @@ class TrainingPlan:
     tracking: TrackingSetup
 
 
+def refuse_warm_start_only(team: Team) -> None:
+    """Refuse RL rollouts with an option that writes the policy's actions from privileged data."""
+    for name in team.warm_start_only:
+        if getattr(team.options, name):
+            raise ConfigError(
+                f"options.{name} is for a warm start's sampling only: set it under warm_start.options"
+            )
+
+
 def plan_training(cfg: TrainRunConfig) -> TrainingPlan:
     """Resolve and check everything `cfg` names that can fail before a model loads."""
     team = build_team(cfg)
+    refuse_warm_start_only(team)
     warm_cfg = warm_start_run_config(cfg) if cfg.warm_start else None
     warm = (warm_cfg, build_team(warm_cfg)) if warm_cfg else None  # validates the stage's own options
     reward = build_reward_scheme(cfg.method, cfg.reward)  # validates the options

@@ -78,6 +78,7 @@ class SearchR1(Team):
     )
     default_top_k = 3  # Search-R1 retrieves the top-3 passages per search
     roles = ("agent",)
+    warm_start_only = ("bridge_hint",)
 
     class Options(TeamOptions):
         prompt: Literal["default", "paper"] = Field("default", description="our chat prompt or the paper's")
