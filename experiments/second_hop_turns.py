@@ -12,12 +12,13 @@ turns the environment wrote (Search-R1's privileged `bridge_hint`).
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
 
 from searchteam.data import CORPUS_PATH, load_benchmark
+from searchteam.eval.runner import read_results
+from searchteam.files import read_jsonl_tolerant
 from searchteam.retrieval.corpus import load_corpus
 
 
@@ -32,16 +33,14 @@ class Searched:
 
 
 def from_results(path: Path, titles_of: dict[str, str]) -> list[Searched]:
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     return [
         Searched(r["id"], [[titles_of[i] for i in s["ids"]] for s in r["searches"]], r["f1"])
-        for r in rows
+        for r in read_results(path)
         if not r.get("error")
     ]
 
 
 def from_collected(path: Path) -> list[Searched]:
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     return [
         Searched(
             r["question"]["id"],
@@ -49,7 +48,7 @@ def from_collected(path: Path) -> list[Searched]:
             r["score"],
             sum(bool(t.get("meta", {}).get("written")) for t in r["turns"]),
         )
-        for r in rows
+        for r in read_jsonl_tolerant(path)
         if not r.get("error")
     ]
 

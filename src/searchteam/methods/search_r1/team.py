@@ -175,8 +175,9 @@ def missing_bridge(q: Question, episode: Episode, skip: set[str]) -> str | None:
     question or a passage returned so far mentions (case-insensitive, disambiguation dropped); None when
     there is none. A title that names a gold answer is never one: a search for it would teach the agent to
     answer with what it searched."""
-    found = {p.title for p in episode.passages} | skip
-    read = " ".join([q.question, *(p.text for p in episode.passages)]).lower()
+    passages = episode.passages
+    found = {p.title for p in passages} | skip
+    read = " ".join([q.question, *(p.text for p in passages)]).lower()
     return next(
         (
             t
