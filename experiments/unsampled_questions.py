@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from searchteam.data.benchmark import BENCHMARK_DIR
+from searchteam.data.benchmark import BENCHMARK_DIR, load_questions
 from searchteam.eval.runner import read_results
 from searchteam.train.build import training_questions
 from searchteam.train.config import TrainRunConfig, load_train_run_config, warm_start_run_config
@@ -46,7 +46,7 @@ def read_ids(path: Path) -> set[str]:
     """Question ids of an eval run directory or of a questions JSONL file."""
     if path.is_dir():
         return {r["id"] for r in read_results(path / "results.jsonl")}
-    return {json.loads(line)["id"] for line in path.read_text(encoding="utf-8").splitlines() if line}
+    return {q.id for q in load_questions(path)}
 
 
 def unsampled_lines(datasets: list[str], taken: set[str]) -> list[str]:

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from experiments.unsampled_questions import read_ids, sampled_ids
-from searchteam.data.benchmark import BENCHMARK_DIR
+from searchteam.data.benchmark import BENCHMARK_DIR, load_questions
 from searchteam.train.config import load_train_run_config
 
 SCRIPT = Path(__file__).parents[1] / "unsampled_questions.py"
@@ -17,8 +17,7 @@ def recipe(name: str):
 
 
 def train_ids(dataset: str) -> list[str]:
-    path = BENCHMARK_DIR / "questions" / dataset / "train.jsonl"
-    return [json.loads(line)["id"] for line in path.read_text(encoding="utf-8").splitlines() if line]
+    return [q.id for q in load_questions(BENCHMARK_DIR / "questions" / dataset / "train.jsonl")]
 
 
 def test_a_warm_start_alone_samples_its_round_of_questions():
