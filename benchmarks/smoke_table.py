@@ -1,11 +1,12 @@
-"""The smoke tables of docs/results.md: every method on the smoke split with its defaults, one after another.
+"""The smoke tables of docs/results.md: every method with its defaults, one after another.
 
-Runs `searchteam eval --method M --split smoke` (the 90 smoke questions unless `--limit`) with the chosen
-model and backend into `--out/M`, resuming runs already there, and prints one markdown row per method:
-EM / cover-EM / F1 per hop group, LLM calls, tokens and retrievals per question, format-error rate per role
-and wall time.
+Runs `searchteam eval --method M --split smoke` (the 90 smoke questions unless `--limit`), or on a questions
+file (`--questions`), with the chosen model and backend into `--out/M`, resuming runs already there, and
+prints one markdown row per method: EM / cover-EM / F1 per hop group, LLM calls, tokens and retrievals per
+question, format-error rate per role and wall time.
 
     python benchmarks/smoke_table.py --out runs/smoke [--model qwen2.5-coder-0.5b] [--methods mask,dac]
+    python benchmarks/smoke_table.py --out runs/v2 --questions runs/v2/report250.jsonl
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def main() -> None:
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--limit", type=int, default=None, help="questions per smoke dataset (of 10)")
+    parser.add_argument("--questions", type=Path, default=None, help="a questions file instead of smoke")
     args = parser.parse_args()
     header = "method | n | single-hop EM / cover-EM / F1 | multi-hop EM / cover-EM / F1 | LLM calls/q"
     print(f"| {header} | tokens/q | retrievals/q | format-error rate per role | wall |")
@@ -51,6 +53,7 @@ def main() -> None:
             model=args.model,
             backend=args.backend,
             split="smoke",
+            questions=args.questions,
             limit=args.limit,
             out=args.out / method,
             resume=True,

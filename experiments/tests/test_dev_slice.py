@@ -28,6 +28,6 @@ def test_the_report_slice_follows_the_choice_slice_without_overlap(tmp_path):
 
 def test_a_slice_past_the_end_is_refused(tmp_path):
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "1", "201", str(tmp_path / "x.jsonl")], capture_output=True
+        [sys.executable, str(SCRIPT), "1", "501", str(tmp_path / "x.jsonl")], capture_output=True
     )
-    assert done.returncode != 0 and b"has 200 questions" in done.stderr
+    assert done.returncode != 0 and b"has 500 questions" in done.stderr

@@ -122,6 +122,17 @@ class RunConfig(BaseModel):
         False,
         description="skip (with a warning) unparseable lines of the questions file instead of stopping",
     )
+    benchmark: Literal["v1", "v2"] = Field(
+        "v2",
+        description="version of the embedded benchmark whose questions and corpus a run uses: v2, or v1 "
+        "(its prefix: 23,831 passages, the first lines of each split) to rerun results reported on v1",
+    )
+    lines: str | None = Field(
+        None,
+        pattern=r"^[1-9][0-9]*-[1-9][0-9]*$",
+        description="FIRST-LAST: only lines FIRST to LAST (1-based, inclusive) of each dataset's split or "
+        "questions file, e.g. 201-300 for the dev lines no shipped result was chosen on",
+    )
     limit: int | None = Field(None, ge=1, description="at most this many questions per dataset")
     out: Path | None = Field(
         None,
@@ -172,6 +183,23 @@ class RunConfig(BaseModel):
         if isinstance(value, str):
             return [v.strip() for v in value.split(",") if v.strip()]
         return value
+
+    @field_validator("lines")
+    @classmethod
+    def _ordered_lines(cls, value: str | None) -> str | None:
+        if value is not None:
+            first, last = map(int, value.split("-"))
+            if first > last:
+                raise ValueError(f"lines {value}: FIRST must not be after LAST")
+        return value
+
+    @property
+    def line_range(self) -> tuple[int, int] | None:
+        """`lines` as (first, last), 1-based and inclusive."""
+        if self.lines is None:
+            return None
+        first, last = map(int, self.lines.split("-"))
+        return first, last
 
     @field_validator("report_to")
     @classmethod

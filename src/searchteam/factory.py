@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from searchteam.config import RunConfig, load_config
-from searchteam.data.benchmark import load_benchmark, load_questions
+from searchteam.data.benchmark import benchmark_corpus, load_benchmark, load_questions, per_dataset_lines
 from searchteam.llm import LLM, build_llm, secondary_backend
 from searchteam.llm.models import TRAINED
 from searchteam.methods import get_method, get_team, resolve_config_path
@@ -81,14 +81,19 @@ def effective_config(config: RunConfig, team: Team) -> dict[str, Any]:
 
 
 def select_questions(config: RunConfig) -> list[Question]:
-    """The questions a run names: those of its questions file (only of its datasets, when it names some),
-    else the embedded benchmark's split of its datasets (all when none); the first `limit`."""
-    if config.questions is not None:
-        questions = load_questions(config.questions, skip_bad_lines=config.skip_bad_lines)
-        if config.datasets:
-            questions = [q for q in questions if q.dataset in config.datasets]
-        return questions[: config.limit] if config.limit else questions
-    return load_benchmark(config.datasets, config.split, config.limit)
+    """The questions a run names: those of its questions file (only of its datasets, when it names some;
+    its `lines` FIRST-LAST, then the first `limit`), else the embedded benchmark's split of its datasets
+    (all when none; of each dataset, the `lines`, then the first `limit`)."""
+    if config.questions is None:
+        questions = load_benchmark(config.datasets, config.split, version=config.benchmark)
+        return per_dataset_lines(questions, config.line_range, config.limit)
+    questions = load_questions(config.questions, skip_bad_lines=config.skip_bad_lines)
+    if config.datasets:
+        questions = [q for q in questions if q.dataset in config.datasets]
+    if config.line_range:
+        first, last = config.line_range
+        questions = questions[first - 1 : last]
+    return questions[: config.limit] if config.limit else questions
 
 
 def build_sampling(config: RunConfig) -> Sampling:
@@ -110,12 +115,16 @@ def build_components(config: RunConfig, team: Team | None = None) -> Components:
 
 
 def build_run_retriever(config: RunConfig):
-    """The run's retriever (built or loaded from cache), with its embedder, prefixes and reranker."""
+    """The run's retriever (built or loaded from cache), with its embedder, prefixes and reranker; BM25 and
+    dense search the run's `corpus`, else its benchmark version's."""
     from searchteam.retrieval import build_retriever
 
+    corpus = config.corpus
+    if corpus is None and config.retriever in ("bm25", "dense"):
+        corpus = benchmark_corpus(config.benchmark)
     return build_retriever(
         config.retriever,
-        corpus=config.corpus,
+        corpus=corpus,
         embedder=config.embedder,
         query_prefix=config.query_prefix,
         passage_prefix=config.passage_prefix,

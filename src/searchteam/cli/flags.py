@@ -109,7 +109,16 @@ RUN_FLAGS: dict[str, Any] = {
 
 
 QUESTION_FLAGS: dict[str, Any] = config_flags(
-    "datasets", "split", "questions", "skip_bad_lines", "limit", "report_to", "out", "resume"
+    "benchmark",
+    "datasets",
+    "split",
+    "questions",
+    "skip_bad_lines",
+    "lines",
+    "limit",
+    "report_to",
+    "out",
+    "resume",
 )
 
 
@@ -167,5 +176,5 @@ def shared_flags(*groups: dict[str, Any]) -> Callable[[Callable[..., Any]], Call
 
 
 EXPORT_QUESTION_FLAGS = {"config": ConfigOpt, "settings": SetOpt} | config_flags(
-    "method", "datasets", "split", "questions", "skip_bad_lines", "limit"
+    "method", "benchmark", "datasets", "split", "questions", "skip_bad_lines", "lines", "limit"
 )

@@ -3,11 +3,15 @@ Search-R1's parquet files (`searchteam.data.parquet`)."""
 
 from __future__ import annotations
 
+import gzip
+import itertools
 import json
 import logging
 from pathlib import Path
 
+from searchteam.cache import cache_dir, ensure_cache, file_sha256, require_files, write_manifest
 from searchteam.errors import DataError
+from searchteam.files import atomic_dir
 from searchteam.metrics import normalize_answer
 from searchteam.types import Question
 
@@ -17,6 +21,23 @@ BENCHMARK_DIR = Path(__file__).parent / "benchmark"
 CORPUS_PATH = BENCHMARK_DIR / "corpus.jsonl.gz"
 SINGLE_HOP = ("nq", "triviaqa", "popqa", "ambigqa", "webquestions")
 MULTI_HOP = ("hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+
+# The shipped files are benchmark v2. v1 is their prefix: its corpus is v2's first 23,831 passages and its
+# questions the first lines of each split (the same ids, questions and answers; 384 v1 2WikiMultihopQA lines
+# gained `supporting_titles` in v2). Splits not listed here are whole in both versions.
+BENCHMARK_VERSIONS = ("v1", "v2")
+LATEST_BENCHMARK = "v2"
+V1_CORPUS_PASSAGES = 23_831
+V1_CORPUS_FILE = "corpus.jsonl"
+V1_CORPUS_SHA256 = "1bc5fca230557e1ff8516d27507f9992d20bd2af2427637698222c2c7cef05ba"  # uncompressed
+V1_LINES = {
+    ("hotpotqa", "dev"): 200,
+    ("hotpotqa", "train"): 200,
+    ("2wikimultihopqa", "dev"): 200,
+    ("2wikimultihopqa", "train"): 49,
+    ("musique", "dev"): 60,
+    ("musique", "train"): 0,
+}
 
 
 def hop_group(dataset: str) -> str:
@@ -35,8 +56,39 @@ def answer_form(question: str, golden_answers: list[str]) -> str:
     return "two-way" if " or " in words and any(f" {g} " in words for g in golds) else "open"
 
 
-def available_datasets(split: str) -> list[str]:
-    return sorted(p.parent.name for p in (BENCHMARK_DIR / "questions").glob(f"*/{split}.jsonl"))
+def available_datasets(split: str, version: str = LATEST_BENCHMARK) -> list[str]:
+    return sorted(
+        p.parent.name
+        for p in (BENCHMARK_DIR / "questions").glob(f"*/{split}.jsonl")
+        if _lines_in(version, p.parent.name, split) != 0
+    )
+
+
+def _lines_in(version: str, dataset: str, split: str) -> int | None:
+    """How many first lines of a split file belong to `version` (None: all)."""
+    if version not in BENCHMARK_VERSIONS:
+        raise DataError(f"unknown benchmark version '{version}'; choose {' or '.join(BENCHMARK_VERSIONS)}")
+    return V1_LINES.get((dataset, split)) if version == "v1" else None
+
+
+def benchmark_corpus(version: str = LATEST_BENCHMARK) -> Path:
+    """The corpus file of a benchmark version: the shipped one for v2; for v1, its first 23,831 passages,
+    written once into the cache and checked against v1's sha256."""
+    _lines_in(version, "", "")
+    if version == LATEST_BENCHMARK:
+        return CORPUS_PATH
+    folder = cache_dir("benchmark") / f"corpus-v1-{V1_CORPUS_SHA256[:16]}"
+
+    def build() -> None:
+        with atomic_dir(folder) as tmp:
+            with gzip.open(CORPUS_PATH, "rb") as src, (tmp / V1_CORPUS_FILE).open("wb") as out:
+                out.writelines(itertools.islice(src, V1_CORPUS_PASSAGES))
+            if file_sha256(tmp / V1_CORPUS_FILE) != V1_CORPUS_SHA256:
+                raise DataError("the shipped corpus does not begin with benchmark v1's; reinstall searchteam")
+            write_manifest(tmp)
+
+    ensure_cache(folder, build, "benchmark v1 corpus", require_files(V1_CORPUS_FILE))
+    return folder / V1_CORPUS_FILE
 
 
 def load_questions(
@@ -116,31 +168,48 @@ def _parse_question(line: str, path: Path, lineno: int, dataset: str) -> Questio
     )
 
 
-def load_benchmark(datasets: list[str] | None, split: str, limit: int | None = None) -> list[Question]:
-    """Questions of the shipped benchmark; `limit` applies per dataset. Split `smoke` is one mixed file."""
+def load_benchmark(
+    datasets: list[str] | None, split: str, limit: int | None = None, version: str = LATEST_BENCHMARK
+) -> list[Question]:
+    """Questions of the shipped benchmark (`version` v1: its first lines); `limit` applies per dataset.
+    Split `smoke` is one mixed file, the same in both versions."""
+    _lines_in(version, "", "")
     if split == "smoke":
         questions = load_questions(BENCHMARK_DIR / "questions" / "smoke.jsonl")
         if datasets:
             questions = [q for q in questions if q.dataset in datasets]
-        return _limit_per_dataset(questions, limit)
-    names = datasets or available_datasets(split)
+        return per_dataset_lines(questions, None, limit)
+    names = datasets or available_datasets(split, version)
     questions: list[Question] = []
     for name in names:
         path = BENCHMARK_DIR / "questions" / name / f"{split}.jsonl"
-        if not path.exists():
-            have = ", ".join(available_datasets(split)) or "none"
-            raise DataError(f"no '{split}' split for dataset '{name}' (datasets with that split: {have})")
-        questions.extend(load_questions(path, default_dataset=name)[:limit])
+        in_version = _lines_in(version, name, split)
+        if not path.exists() or in_version == 0:
+            have = ", ".join(available_datasets(split, version)) or "none"
+            raise DataError(
+                f"no '{split}' split for dataset '{name}' in benchmark {version} "
+                f"(datasets with that split: {have})"
+            )
+        kept = load_questions(path, default_dataset=name)[:in_version]
+        questions.extend(kept[:limit])
     return questions
 
 
-def _limit_per_dataset(questions: list[Question], limit: int | None) -> list[Question]:
-    if limit is None:
-        return questions
-    counts: dict[str, int] = {}
+def per_dataset_lines(
+    questions: list[Question], lines: tuple[int, int] | None, limit: int | None
+) -> list[Question]:
+    """Of each dataset's questions, in order, those at positions `lines` (first, last; 1-based, inclusive),
+    then the first `limit` of those. A range past every dataset's end is a DataError naming the sizes."""
+    first, last = lines or (1, len(questions))
+    seen: dict[str, int] = {}
+    taken: dict[str, int] = {}
     kept = []
     for q in questions:
-        counts[q.dataset] = counts.get(q.dataset, 0) + 1
-        if counts[q.dataset] <= limit:
+        seen[q.dataset] = position = seen.get(q.dataset, 0) + 1
+        if first <= position <= last and (limit is None or taken.get(q.dataset, 0) < limit):
+            taken[q.dataset] = taken.get(q.dataset, 0) + 1
             kept.append(q)
+    if lines and questions and not kept:
+        sizes = ", ".join(f"{name} {n}" for name, n in seen.items())
+        raise DataError(f"no question at lines {first}-{last}: the datasets hold {sizes}")
     return kept

@@ -60,8 +60,8 @@ def result_line(row: dict[str, Any]) -> str:
 # it reports. Every other setting decides the answers, so the rows already written must share it.
 RESUMABLE_CHANGES = frozenset(
     {
-        "datasets", "questions", "limit", "skip_bad_lines", "out", "resume", "batch_size", "concurrency",
-        "device", "base_url", "report_to", "tracker_project", "judge_model", "judge_backend",
+        "datasets", "questions", "lines", "limit", "skip_bad_lines", "out", "resume", "batch_size",
+        "concurrency", "device", "base_url", "report_to", "tracker_project", "judge_model", "judge_backend",
         "judge_base_url", "engine", "server",
     }
 )  # fmt: skip
@@ -138,6 +138,7 @@ def evaluate(
     rows = [by_id[q.id] for q in questions if q.id in by_id]
     seconds = seconds_before + time.perf_counter() - started
     summary = summarize(rows, config.method, config.model, seconds, team.example_answers())
+    summary["benchmark"] = config.benchmark
     if config.judge_model:
         summary["judge_model"] = config.judge_model
     if stopped:
