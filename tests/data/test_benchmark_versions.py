@@ -63,6 +63,7 @@ def test_v2_sizes() -> None:
     assert sizes[("2wikimultihopqa", "dev")] == 500 and sizes[("2wikimultihopqa", "train")] == 427
     assert sizes[("musique", "dev")] == 120 and sizes[("musique", "train")] == 46
     assert sizes[("nq", "dev")] == 200 and sizes[("bamboogle", "dev")] == 53
+    assert len(select_questions(RunConfig(datasets=["hotpotqa"], split="dev"))) == 500  # eval's choice
 
 
 def test_v1_is_the_first_lines_of_each_split() -> None:

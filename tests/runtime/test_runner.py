@@ -125,6 +125,7 @@ def test_eval_writes_incrementally_and_resumes(tmp_path):
     parts = Components(team=get_team("naive_rag"), llms={"policy": llm}, retriever=TinyRetriever(PASSAGES))
     summary = evaluate(cfg, parts, progress=False)
     assert summary["n"] == 6 and set(summary["per_dataset"]) == {"nq", "hotpotqa"}
+    assert summary["benchmark"] == "v2"
     assert summary["per_dataset"]["nq"]["em"] == pytest.approx(1 / 3, abs=1e-4)
     rows = read_results(tmp_path / "results.jsonl")
     assert {"id", "prediction", "em", "cover_em", "f1", "llm_calls", "turns", "seconds"} <= set(rows[0])
@@ -144,7 +145,12 @@ def test_eval_writes_incrementally_and_resumes(tmp_path):
     # more questions may join a run; a setting that decides the answers may not change
     more = evaluate(cfg.model_copy(update={"resume": True, "limit": 4}), parts, progress=False)
     assert more["n"] == 8
-    for change in ({"model": "qwen2.5-coder-0.5b"}, {"max_new_tokens": 16}, {"temperature": 0.7}):
+    for change in (
+        {"model": "qwen2.5-coder-0.5b"},
+        {"max_new_tokens": 16},
+        {"temperature": 0.7},
+        {"benchmark": "v1"},  # a run is never continued on another benchmark version
+    ):
         with pytest.raises(ConfigError, match=f"cannot resume.*{next(iter(change))}"):
             evaluate(cfg.model_copy(update={"resume": True, **change}), parts, progress=False)
     assert len(read_results(tmp_path / "results.jsonl")) == 8
