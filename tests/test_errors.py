@@ -36,18 +36,9 @@ from searchteam.teams import TeamSettings
 from searchteam.train.config import load_train_run_config
 from searchteam.types import Question
 from tests.support.contracts import option_branches
-from tests.support.helpers import PASSAGES, TinyRetriever
+from tests.support.helpers import PASSAGES, TinyRetriever, error_line
 
 OFFLINE = ["--backend", "openai", "--base-url", "http://127.0.0.1:9/v1", "--model", "never-called"]
-
-
-def error_line(result: Any) -> str:
-    """The command's only stderr line, checked to be a one-line `error:` with exit status 2."""
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.output
-    return lines[0]
 
 
 def write_questions(path: Path, n: int = 3) -> Path:
@@ -318,14 +309,14 @@ def test_train_from_weights_that_are_not_there_says_what_it_expected(tmp_path: P
             "filter, compressor, answerer; did you mean 'planner'?",
         ),
         (
-            "method: qagent\nextra_models: {genrator: smollm2-135m}\n",
-            "error: unknown extra model 'genrator' in extra_models: method 'qagent' has the extra models "
-            "generator; did you mean 'generator'?",
+            "method: qagent\nrole_models: {genrator: smollm2-135m}\n",
+            "error: unknown role 'genrator' in role_models: method 'qagent' has the roles agent, generator; "
+            "did you mean 'generator'?",
         ),
         (
-            "method: mask\nextra_models: {generator: smollm2-135m}\n",
-            "error: unknown extra model 'generator' in extra_models: method 'mask' has no extra models; "
-            "remove it",
+            "method: qagent\nextra_models: {generator: smollm2-135m}\n",
+            "error: invalid configuration ({config}): extra_models is now role_models, with the same keys "
+            "(the roles' names): rename it",
         ),
         (
             "method: ircot\noptions: {max_pasages: 5}\n",
@@ -342,7 +333,7 @@ def test_train_from_weights_that_are_not_there_says_what_it_expected(tmp_path: P
             "did you mean 'method'?",
         ),
     ],
-    ids=["role", "extra-model", "no-extra-models", "option", "no-options", "top-level-field"],
+    ids=["role", "role-model", "extra-models-renamed", "option", "no-options", "top-level-field"],
 )
 def test_eval_with_a_config_naming_an_unknown_role_model_option_or_field(
     tmp_path: Path, yaml_text: str, expected: str
@@ -410,11 +401,10 @@ SOUP = (
 
 
 @pytest.mark.parametrize("method", list(METHODS))
-def test_each_team_declares_exactly_the_roles_models_and_options_it_uses(method: str) -> None:
-    """What a config may name (`Team.roles`, `model_names`, `option_names`) is what the team's runs use, so
-    the unknown-name errors above never refuse a name a team reads."""
+def test_each_team_declares_exactly_the_roles_and_options_it_uses(method: str) -> None:
+    """What a config may name (`Team.roles`, `option_names`) is what the team's runs use, so the
+    unknown-name errors above never refuse a name a team reads."""
     roles: set[str] = set()
-    models: set[str] = set()
     options: set[str] = set()
     # then the runs that reach what the first does not (QAgent's generator, DECOR's compressor, JADE's
     # executors), which each method declares in its tests/contract.py
@@ -424,16 +414,14 @@ def test_each_team_declares_exactly_the_roles_models_and_options_it_uses(method:
         team = get_team(method, settings)
         reply = SOUP.format(workflow=workflow)
         backends = make_backends({"policy": ScriptedLLM(lambda request, r=reply: r)}, TinyRetriever(PASSAGES))
-        backends.llms = _Asked(backends.llms)
         question = Question(id="q", question="capital of France?", golden_answers=["Paris"])
         [episode], _ = asyncio.run(
             run_episodes(team.run, method, [question], backends, Sampling(), progress=False)
         )
         assert episode.error is None, episode.error
         roles |= {turn.role for turn in episode.turns}
-        models |= backends.llms.asked - {"policy"}
         options |= settings.options.asked
-    assert (roles, models, options) == (set(team.roles), set(team.model_names), set(team.option_names))
+    assert (roles, options) == (set(team.roles), set(team.option_names))
 
 
 def test_the_default_model_is_the_half_billion_preset_unless_the_machine_says_otherwise() -> None:

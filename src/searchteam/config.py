@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from searchteam.errors import ConfigError, did_you_mean
 from searchteam.llm.models import DEFAULT_MODEL
@@ -43,10 +43,11 @@ class RunConfig(BaseModel):
     )
     engine: EngineSettings = Field(default_factory=EngineSettings, description="backend: vllm's engine")
     server: ServerSettings = Field(default_factory=ServerSettings, description="backend: openai's client")
-    extra_models: dict[str, str] = Field(
+    role_models: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra models by role name, e.g. {generator: qwen2.5-coder-0.5b} for QAgent's frozen "
-        "generator; a role without one uses the policy model.",
+        description="a model per role, each a preset, trained adapter, checkpoint or served model name, e.g. "
+        "{answerer: qwen2.5-coder-1.5b} or QAgent's frozen {generator: qwen2.5-coder-0.5b}; a role without "
+        "one runs on `model`. In training such a role is frozen: served by its own engine, never trained",
     )
     device: str | None = Field(None, description="cpu | cuda | auto; unset: auto")
     dtype: str | None = Field(
@@ -165,6 +166,15 @@ class RunConfig(BaseModel):
         "the shipped one); cross:NAME or bi:NAME forces the kind",
     )
     rerank_depth: int = Field(20, ge=1, le=1000, description="candidates per search the reranker rescores")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_extra_models(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "extra_models" in data:
+            raise ValueError(
+                "extra_models is now role_models, with the same keys (the roles' names): rename it"
+            )
+        return data
 
     @field_validator("base_url", mode="before")
     @classmethod
@@ -305,6 +315,8 @@ def load_config(
 def _problem(err: Any, schema: type[RunConfig]) -> str:
     """One validation error as `field 'x': message`, with a hint for a misspelled field name."""
     loc = err["loc"]
+    if not loc:  # a check of the whole config: its message says what is wrong
+        return str(err["msg"]).removeprefix("Value error, ")
     text = f"field '{'.'.join(str(p) for p in loc)}': {err['msg']}"
     section = _section_model(schema, loc[:-1])
     if err["type"] == "extra_forbidden" and section is not None:

@@ -29,7 +29,7 @@ from searchteam.llm.models import BUILTIN_DEFAULT_MODEL, DEFAULT_MODEL_ENV
 COMMAND = "python -m searchteam.config_reference > docs/config.md"
 DOC = Path("docs") / "config.md"
 
-METHODS_HEADING = "Methods: roles and extra models"
+METHODS_HEADING = "Methods: roles"
 # the placeholder of a dict-of-sections field's key in dotted names (`train.role_estimators.ROLE.gamma`)
 KEY_NAMES = {"role_estimators": "ROLE"}
 # fields whose keys or values another part of this page lists: the heading they link to
@@ -38,7 +38,7 @@ SEE = {
     "warm_start.options": "`options`",
     "reward": "`reward`",
     "max_new_tokens_per_role": METHODS_HEADING,
-    "extra_models": METHODS_HEADING,
+    "role_models": METHODS_HEADING,
     "train.roles": METHODS_HEADING,
     "train.role_lr": METHODS_HEADING,
 }
@@ -77,9 +77,9 @@ OPTIONS_INTRO = (
     'and values are taken as given, never coerced: `"false"` is not a bool.'
 )
 METHODS_INTRO = (
-    "The names that `max_new_tokens_per_role`, `train.roles`, `train.role_lr` and "
-    "`train.role_estimators` take (the method's roles) and that `extra_models` takes (the models it asks "
-    "for by name), and the `top_k` a method uses when the config leaves it unset."
+    "The names that `max_new_tokens_per_role`, `role_models`, `train.roles`, `train.role_lr` and "
+    "`train.role_estimators` take (the method's roles), and the `top_k` a method uses when the config "
+    "leaves it unset."
 )
 
 
@@ -246,7 +246,7 @@ def _intro(key: str, model: type[BaseModel]) -> str:
 
 def method_sections() -> list[Section]:
     """The `reward` and `options` sections, one subsection per options model (methods that share one
-    share it), and the table of each method's roles and extra models."""
+    share it), and the table of each method's roles."""
     from searchteam.methods import REGISTRY
 
     sections: list[Section] = []
@@ -281,15 +281,14 @@ def method_sections() -> list[Section]:
             sub[0].level = 3
             sections += sub
     rows = [
-        "| method | roles | extra models | top_k unset |",
-        "|---|---|---|---|",
+        "| method | roles | top_k unset |",
+        "|---|---|---|",
     ]
     for name, method in REGISTRY.items():
         team = method.team
         roles = ", ".join(f"`{r}`" for r in team.roles) or "—"
-        models = ", ".join(f"`{m}`" for m in team.model_names) or "—"
         top_k = str(team.default_top_k) if team.uses_retrieval else "— (no search)"
-        rows.append(f"| `{name}` | {roles} | {models} | {top_k} |")
+        rows.append(f"| `{name}` | {roles} | {top_k} |")
     sections.append(Section(METHODS_HEADING, METHODS_INTRO, body="\n".join(rows)))
     return sections
 

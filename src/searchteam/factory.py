@@ -10,8 +10,9 @@ from typing import Any
 
 from searchteam.config import RunConfig, load_config
 from searchteam.data.benchmark import benchmark_corpus, load_benchmark, load_questions, per_dataset_lines
-from searchteam.llm import LLM, build_llm, secondary_backend
-from searchteam.llm.models import TRAINED
+from searchteam.errors import ConfigError
+from searchteam.llm import LLM, build_llm, resolve_backend, secondary_backend
+from searchteam.llm.models import TRAINED, preset_params
 from searchteam.methods import get_method, get_team, resolve_config_path
 from searchteam.retrieval.base import Retriever
 from searchteam.runtime import Sampling
@@ -58,7 +59,8 @@ def with_adapter_settings(data: dict[str, Any], schema: type[RunConfig]) -> dict
 
 def build_team(config: RunConfig) -> Team:
     """The method's team; `top_k`/`max_turns` left unset in the config keep the team's paper defaults.
-    A role, extra model or option the method does not have is a ConfigError (it would be ignored)."""
+    A role (in `max_new_tokens_per_role` or `role_models`) or option the method does not have is a
+    ConfigError (it would be ignored)."""
     settings = TeamSettings(
         top_k=config.top_k,
         max_turns=config.max_turns,
@@ -67,7 +69,7 @@ def build_team(config: RunConfig) -> Team:
     )
     cls = get_method(config.method).team
     check_names(config.method, "role", "max_new_tokens_per_role", config.max_new_tokens_per_role, cls.roles)
-    check_names(config.method, "extra model", "extra_models", config.extra_models, cls.model_names)
+    check_names(config.method, "role", "role_models", config.role_models, cls.roles)
     return get_team(config.method, settings)  # validates the options (`Team.Options`)
 
 
@@ -108,10 +110,41 @@ def build_sampling(config: RunConfig) -> Sampling:
 def build_components(config: RunConfig, team: Team | None = None) -> Components:
     """Load the model(s) and, if the method searches, the retriever (built or loaded from cache)."""
     team = team or build_team(config)
-    llms = {"policy": policy_llm(config)}  # first: an extra model of the same base shares its vLLM engine
-    llms.update({name: secondary_llm(config, model) for name, model in config.extra_models.items()})
+    check_engines_fit(config, config.role_models)
+    llms = {"policy": policy_llm(config)}  # first: a role model of the same base shares its vLLM engine
+    llms.update(role_llms(config, config.role_models))
     retriever = build_run_retriever(config) if team.uses_retrieval else None
     return Components(team=team, llms=llms, retriever=retriever)
+
+
+def check_engines_fit(
+    config: RunConfig, role_models: Mapping[str, str], training: bool = False, total_bytes: int | None = None
+) -> None:
+    """Refuse, before any model loads, a run whose in-process engines (the policy's, one per distinct role
+    model and, in training, the trainer's own copy of the policy) cannot fit this machine's memory."""
+    import psutil
+
+    from searchteam.llm.footprint import engine, memory_problem
+
+    main = resolve_backend(config.backend, config.model, config.device)
+    engines = [engine(config.model, main, preset_params(config.model), config.ov_precision, config.dtype)]
+    if training and main != "hf":
+        engines.append(engine(config.model, "hf", preset_params(config.model), "", config.dtype))
+    for model in dict.fromkeys(role_models.values()):
+        backend = secondary_backend(config.backend, config.model, model, config.device)
+        engines.append(engine(model, backend, preset_params(model), config.ov_precision, config.dtype))
+    problem = memory_problem(engines, total_bytes or psutil.virtual_memory().total)
+    if problem:
+        raise ConfigError(problem)
+
+
+def role_llms(config: RunConfig, role_models: Mapping[str, str]) -> dict[str, LLM]:
+    """An engine for each role that runs on its own model, built once per distinct model: roles that name
+    the same model share it."""
+    engines: dict[str, LLM] = {}
+    for model in dict.fromkeys(role_models.values()):
+        engines[model] = secondary_llm(config, model)
+    return {role: engines[model] for role, model in role_models.items()}
 
 
 def build_run_retriever(config: RunConfig):
@@ -145,7 +178,7 @@ def secondary_llm(
     base_url: str | list[str] | None = None,
     logprobs: bool = False,
 ) -> LLM:
-    """Another model of the run (a judge, an extra model, QAgent's frozen generator, a warm start's
+    """Another model of the run (a judge, a role's own model such as QAgent's frozen generator, a warm start's
     teacher): on `backend` when one is named, else where `secondary_backend` puts it (the run's server,
     the policy's vLLM engine when it is the same model, else `hf`), so no second in-process engine starts.
     On a server it is `base_url`, else the run's."""

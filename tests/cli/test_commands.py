@@ -125,7 +125,7 @@ def test_set_applies_after_the_config_file_and_before_the_flags(
             {
                 "temperature": 0.5,
                 "top_p": 0.9,
-                "extra_models": {"judge": "judge-model"},
+                "role_models": {"planner": "plan-model"},
                 "engine": {"max_num_seqs": 8, "enforce_eager": True},
             }
         )
@@ -133,14 +133,14 @@ def test_set_applies_after_the_config_file_and_before_the_flags(
     seen = captured_eval(monkeypatch)
     args = ["eval", "--config", str(config), "--set", "temperature=0.7", "--set", "top_p=0.8"]
     args += ["--set", "engine.max_num_seqs=16", "--set", "datasets=[nq, hotpotqa]", "--temperature", "0.2"]
-    args += ["--set", "extra_models.generator=gen-model"]
+    args += ["--set", "role_models.generator=gen-model"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     cfg = seen["config"]
     assert cfg.temperature == 0.2 and cfg.top_p == 0.8  # flag over --set over the file
     assert cfg.engine.max_num_seqs == 16 and cfg.engine.enforce_eager  # a nested field; its section stays
     assert cfg.datasets == ["nq", "hotpotqa"]
-    assert cfg.extra_models == {"judge": "judge-model", "generator": "gen-model"}
+    assert cfg.role_models == {"planner": "plan-model", "generator": "gen-model"}
 
 
 def test_a_misspelled_set_key_gets_the_did_you_mean_error(monkeypatch: pytest.MonkeyPatch):

@@ -118,7 +118,7 @@ def test_the_server_request_keeps_the_frameworks_sampling_and_the_roles_limits()
 
 def test_what_a_single_model_framework_cannot_run_is_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="serve only the policy"):
-        load_environment(run_config(tmp_path, "qagent", extra_models={"generator": "smollm2-135m"}))
+        load_environment(run_config(tmp_path, "qagent", role_models={"generator": "smollm2-135m"}))
     env = load_environment(run_config(tmp_path, "naive_rag"))
     with pytest.raises(ConfigError, match="--method naive_rag"):
         env.question({**ROW, "method": "mask"})

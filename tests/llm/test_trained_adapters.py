@@ -77,29 +77,29 @@ def test_an_adapter_brings_its_run_settings_to_its_own_method(monkeypatch: pytes
     from searchteam.llm.models import TrainedAdapter
 
     options = {"mode": "submodule", "max_retries": 2}
-    settings = {"options": options, "extra_models": {"generator": "g"}, "top_k": 1}
+    settings = {"options": options, "role_models": {"generator": "g"}, "top_k": 1}
     adapter = TrainedAdapter("q-test", "qagent", "qwen2.5-coder-0.5b", "qagent/qwen0.5b-cpu", "", settings)
     monkeypatch.setitem(TRAINED, "q-test", adapter)
 
     plain = load_run_config(None, {"method": "qagent", "model": "q-test"})
     assert plain.options == {"mode": "submodule", "max_retries": 2}
-    assert plain.extra_models == {"generator": "g"} and plain.top_k == 1
+    assert plain.role_models == {"generator": "g"} and plain.top_k == 1
 
     run = {"method": "qagent", "model": "q-test", "options": {"max_retries": 0}, "top_k": 3}
     given = load_run_config(None, run)
     assert given.options == {"mode": "submodule", "max_retries": 0} and given.top_k == 3
 
     assert load_run_config(None, {"method": "naive_rag", "model": "q-test"}).options == {}
-    assert load_run_config(None, {"method": "qagent", "model": "qwen2.5-coder-0.5b"}).extra_models == {}
+    assert load_run_config(None, {"method": "qagent", "model": "qwen2.5-coder-0.5b"}).role_models == {}
 
 
 @pytest.mark.parametrize("name", sorted(TRAINED))
 def test_a_shipped_adapter_runs_its_method_with_its_settings(name: str) -> None:
-    """Its run settings are valid for its method, and the extra models they name are presets (nothing to
+    """Its run settings are valid for its method, and the role models they name are presets (nothing to
     download)."""
     from searchteam.factory import build_team, load_run_config
 
     trained = TRAINED[name]
     cfg = load_run_config(None, {"method": trained.method, "model": name})
-    build_team(cfg)  # an option or extra model the method does not have is a ConfigError
-    assert all(model in PRESETS for model in cfg.extra_models.values())
+    build_team(cfg)  # an option or role the method does not have is a ConfigError
+    assert all(model in PRESETS for model in cfg.role_models.values())

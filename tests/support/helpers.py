@@ -99,3 +99,12 @@ def assert_close_scaled(
         return f"{where}{default}\n(tolerance {atol:.3g} = {rel:g} x scale {float(scale):.4g})"
 
     torch.testing.assert_close(actual, expected, rtol=0.0, atol=atol, msg=message)
+
+
+def error_line(result: Any) -> str:
+    """The command's only stderr line, checked to be a one-line `error:` with exit status 2."""
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.output
+    return lines[0]

@@ -56,7 +56,7 @@ def test_qagent_stage_two_always_rewards_a_frozen_generator():
         Path("qagent/smollm135m-cpu"), {"reward": {"stage": 2}, "options": {"mode": "submodule"}}
     )
     assert frozen_generator(cfg) == {"generator": cfg.model}  # a separate copy, not the trained policy
-    named = cfg.model_copy(update={"extra_models": {"generator": "qwen2.5-coder-0.5b"}})
+    named = cfg.model_copy(update={"role_models": {"generator": "qwen2.5-coder-0.5b"}})
     assert frozen_generator(named) == {"generator": "qwen2.5-coder-0.5b"}
     with pytest.raises(ConfigError, match="submodule"):
         frozen_generator(cfg.model_copy(update={"options": {}}))
@@ -250,7 +250,7 @@ def test_the_qagent_reader_recipe_trains_only_an_unfrozen_generator():
     team = build_team(cfg)
     assert team.mode == "submodule" and team.frozen_generator is False and cfg.train.roles == ["generator"]
     assert cfg.init_from == "runs/qagent-submodule/warm_start/round-02"  # the submodule recipe's agent
-    assert not cfg.extra_models  # the policy reads
+    assert not cfg.role_models  # the policy reads
 
 
 def test_a_privileged_option_is_refused_outside_the_warm_start():

@@ -105,7 +105,7 @@ class TeamEnvironment:
 
     @classmethod
     def from_config(cls, config: TrainRunConfig) -> TeamEnvironment:
-        refuse_extra_models(config)
+        refuse_second_models(config)
         refuse_what_frameworks_cannot_train(config)
         team = build_team(config)
         return cls(
@@ -199,13 +199,13 @@ class TeamEnvironment:
         )
 
 
-def refuse_extra_models(config: TrainRunConfig) -> None:
+def refuse_second_models(config: TrainRunConfig) -> None:
     """A run that needs a second model cannot run inside a framework that serves one."""
-    if config.extra_models or config.judge_model:
-        extra = dict(config.extra_models) | ({"judge": config.judge_model} if config.judge_model else {})
+    if config.role_models or config.judge_model:
+        extra = dict(config.role_models) | ({"judge": config.judge_model} if config.judge_model else {})
         raise ConfigError(
             f"{config.method}: {extra} asks for a second model, but verl and SkyRL serve only the policy; "
-            "leave extra_models and judge_model out (the policy then plays every role, DECOR's reward "
+            "leave role_models and judge_model out (the policy then plays every role, DECOR's reward "
             "falls back to its rule-based judge) or train with searchteam train"
         )
 

@@ -32,7 +32,7 @@ def resolve_backend(backend: str, model: str, device: str | None = None, logprob
 
 
 def secondary_backend(backend: str, policy_model: str, model: str, device: str | None = None) -> str:
-    """The backend of a run's other model (a judge, an extra model, QAgent's frozen generator, a warm
+    """The backend of a run's other model (a judge, a role's own model, QAgent's frozen generator, a warm
     start's teacher) when the policy `policy_model` runs on `backend`: the same server with `openai`; with
     an in-process vLLM, that engine when it already serves `model`'s base model, else `hf` (a second engine
     would reserve its own share of a GPU that holds one); with `ov`, OpenVINO where it runs `model`, else

@@ -14,7 +14,7 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values 
 
 class EngineSettings(BaseModel):
     """The in-process vLLM engine (`backend: vllm`), as `vllm.LLM` takes them. One engine per model per
-    process; a run's other models (judge, extra models, teacher) go to `hf` unless they are that model."""
+    process; a run's other models (judge, role models, teacher) go to `hf` unless they are that model."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -1,7 +1,7 @@
 """In-process vLLM for GPUs (optional extra `searchteam[gpu]`; vllm is imported only when an engine starts).
 
 One engine per base model per process (`ENGINES`): every backend of that model (the policy, a frozen
-generator, an eval extra model) shares it. A `searchteam train` checkpoint or a shipped adapter runs on its
+generator, another role's model) shares it. A `searchteam train` checkpoint or a shipped adapter runs on its
 base model's engine with LoRA enabled, each request naming its role's adapter (`LoRARequest`). Prompts are
 rendered once with the same `render_chat` as the `hf` backend and sent as token ids, so no special token
 is added twice, and every sampling parameter is set explicitly (no top-k, no penalties, no min-p), so the

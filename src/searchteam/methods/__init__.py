@@ -5,7 +5,7 @@
 
 This module is the one registry: it imports every package in this folder, so adding a method means adding
 one folder. What generic code needs of a method (the team, the reward scheme and its options, its shipped
-recipes and the one `searchteam train --method NAME` starts from, the extra models training adds) comes
+recipes and the one `searchteam train --method NAME` starts from, the role models training adds) comes
 from here, never from a list kept elsewhere.
 """
 
@@ -29,7 +29,7 @@ from searchteam.teams.base import Team, TeamSettings
 
 logger = logging.getLogger(__name__)
 
-TrainingModels = Callable[[Any], dict[str, str]]  # a training run config → its extra models, by role name
+TrainingModels = Callable[[Any], dict[str, str]]  # a training run config → its frozen role models, by role
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Method:
     """One registered method. `position` orders listings (the baselines first, then by paper; a method
     that gives none comes after them, by name);
     `recipes` names the recipe a run without `--config` starts from, per device kind (`cpu`, `gpu`);
-    `training_models` adds the extra models a training run needs (QAgent stage 2's frozen generator)."""
+    `training_models` adds the frozen role models a training run needs (QAgent stage 2's frozen generator)."""
 
     name: str
     team: type[Team]

@@ -234,8 +234,8 @@ def samples_from_episodes(
     merge_continuations: bool = False,
     sft_targets: bool = False,
 ) -> list[Sample]:
-    """Training samples from every turn the policy generated (`turn.model == "policy"`; frozen extra models
-    and frozen turns are skipped), optionally only for `roles`. Prompt ids come from the
+    """Training samples from every turn the policy generated (`turn.model == "policy"`; roles on their own
+    models and frozen turns are skipped), optionally only for `roles`. Prompt ids come from the
     turn when the backend recorded them, else from `render(turn)` (default: `chat_render(tokenizer)`).
     A turn without a reward counts as reward 0; `subgroup` is the turn's `subgroup` (a separate GRPO
     group within the question, e.g. DAC's hard-positive generator inputs). With `sft_targets`, a turn whose

@@ -19,10 +19,12 @@ LLMFrontend = Batcher[GenerationRequest, Completion] | Dispatcher[GenerationRequ
 @dataclass
 class Backends:
     """Front-ends shared by every episode of a run (`make_backends`). `llms["policy"]` is the team's model;
-    other names (e.g. "generator", "judge", "compressor") are extra models some methods use."""
+    a role that runs on its own model (`role_models`) has its front-end under the role's name, and
+    `model_names` names the model of each such front-end (what its turns record)."""
 
     llms: dict[str, LLMFrontend]
     search: Batcher[SearchRequest, list[Passage]] | None = None
+    model_names: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -69,18 +71,16 @@ class Context:
         stop: tuple[str, ...] = (),
         max_new_tokens: int | None = None,
         continuation: str = "",
-        model: str = "policy",
     ) -> Turn:
-        """Run one LLM call as `role`; returns the recorded Turn (callers flag parse errors on it).
-
-        `model` names an extra model of the run (e.g. "generator", "judge"); when the run configured
-        none under that name, the policy model serves the call and the Turn records "policy"."""
-        if model not in self.backends.llms:
-            model = "policy"
+        """Run one LLM call as `role`; returns the recorded Turn (callers flag parse errors on it). The role's
+        own model serves it when the run gives it one (`role_models`), and the Turn records that model's
+        name; otherwise the policy serves it and the Turn records "policy"."""
+        key = role if role in self.backends.llms else "policy"
+        model = self.backends.model_names.get(key, key) if key != "policy" else "policy"
         sampling = self.sampling.for_role(role, stop, max_new_tokens)
         request = GenerationRequest(messages, sampling, continuation, role=role, session=self.session)
         started = time.perf_counter()
-        completion = await self.backends.llms[model].submit(request)
+        completion = await self.backends.llms[key].submit(request)
         turn = Turn(
             role=role,
             step=self.step,

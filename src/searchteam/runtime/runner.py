@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from searchteam.errors import LLMError, RetrievalError
 from searchteam.llm.base import LLM, AsyncLLM
+from searchteam.llm.models import model_label
 from searchteam.progress import progress_bar
 from searchteam.retrieval.base import Retriever
 from searchteam.runtime.batcher import Batcher, Dispatcher
@@ -37,6 +38,7 @@ def make_backends(llms: dict[str, LLM], retriever: Retriever | None, max_batch: 
     return Backends(
         llms={name: llm_frontend(b, max_batch) for name, b in llms.items()},
         search=Batcher(batched_search(retriever), max_batch=max(64, max_batch)) if retriever else None,
+        model_names={name: model_label(b.name) for name, b in llms.items() if name != "policy"},
     )
 
 

@@ -50,11 +50,10 @@ class Team(ABC):
     # The paper's settings, used where the user set none; a team whose paper differs overrides them.
     default_top_k: ClassVar[int] = 5
     default_max_turns: ClassVar[int] = 4
-    # What a run config may name for this team (checked by `factory.build_team`): the roles it calls the model
-    # as (`max_new_tokens_per_role`), the extra models it asks for by name (`extra_models`), and the keys of
-    # `settings.options` it reads (the fields of its `Options` model, validated into `self.options`).
+    # What a run config may name for this team (checked by `factory.build_team`): the roles it calls a model
+    # as (`max_new_tokens_per_role`, `role_models`), and the keys of `settings.options` it reads (the fields
+    # of its `Options` model, validated into `self.options`).
     roles: ClassVar[tuple[str, ...]] = ()
-    model_names: ClassVar[tuple[str, ...]] = ()
     Options: ClassVar[type[TeamOptions]] = TeamOptions
     option_names: ClassVar[tuple[str, ...]] = ()
     # options that write the policy's actions from privileged data (e.g. Search-R1's bridge_hint): only a

@@ -69,14 +69,11 @@ class Transcript:
         *,
         stop: tuple[str, ...],
         max_new_tokens: int | None = None,
-        model: str = "policy",
     ) -> Turn:
         """Continue the reply as `role`; the completion becomes a model segment and the Turn records where
         the environment text sits in the continuation it was given."""
         spans = self.env_spans()
-        turn = await ctx.llm(
-            role, messages, stop=stop, max_new_tokens=max_new_tokens, continuation=self.text, model=model
-        )
+        turn = await ctx.llm(role, messages, stop=stop, max_new_tokens=max_new_tokens, continuation=self.text)
         turn.env_spans = spans
         self._add_model(ctx, turn.completion)
         return turn
@@ -106,15 +103,13 @@ class Transcript:
             self._record.append({"source": "model", "text": text, "turn": len(ctx.episode.turns) - 1})
 
     async def force_answer(
-        self, ctx: Context, role: str, messages: list[Message], *, max_new_tokens: int, model: str = "policy"
+        self, ctx: Context, role: str, messages: list[Message], *, max_new_tokens: int
     ) -> str:
         """Open `<answer>` as the environment and let the model fill it in (used when a turn budget is
         spent). A model that opens the tag again is parsed on its own text; an answer left unclosed is
         flagged and cut by `parse_answer`'s fallback."""
         self.add_env(ANSWER_OPENER if not self.text or self.text.endswith("\n") else "\n" + ANSWER_OPENER)
-        turn = await self.generate(
-            ctx, role, messages, stop=("</answer>",), max_new_tokens=max_new_tokens, model=model
-        )
+        turn = await self.generate(ctx, role, messages, stop=("</answer>",), max_new_tokens=max_new_tokens)
         reopened = ANSWER_OPENER in turn.completion.lower()
         parsed = parse_answer(turn.completion if reopened else ANSWER_OPENER + turn.completion)
         if not parsed.ok:

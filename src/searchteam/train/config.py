@@ -11,7 +11,13 @@ from pydantic import Field, field_validator
 
 from searchteam.config import RunConfig
 from searchteam.errors import ConfigError
-from searchteam.factory import build_team, effective_config, load_run_config, select_questions
+from searchteam.factory import (
+    build_team,
+    check_engines_fit,
+    effective_config,
+    load_run_config,
+    select_questions,
+)
 from searchteam.llm.models import TRAINED, checkpoint_of
 from searchteam.methods import build_reward_scheme, get_method, recipe_name, resolve_config_path
 from searchteam.rewards.base import RewardScheme
@@ -123,10 +129,26 @@ def check_reward_placement(placement: str | None, train: TrainConfig) -> None:
 
 
 def training_models(cfg: TrainRunConfig) -> dict[str, str]:
-    """The run's extra models, plus any its method adds for training (`register_method(training_models=)`:
-    QAgent stage 2's frozen generator); the method's hook refuses a config it cannot train."""
+    """The roles that run on their own, frozen model in training: the run's `role_models`, plus any its
+    method adds (`register_method(training_models=)`: QAgent stage 2's frozen generator). The method's hook
+    refuses a config it cannot train; a role it names cannot also be trained (`train.roles`), and some role
+    must be left to the policy."""
     hook = get_method(cfg.method).training_models
-    return hook(cfg) if hook is not None else dict(cfg.extra_models)
+    frozen = hook(cfg) if hook is not None else dict(cfg.role_models)
+    trained = sorted(set(cfg.train.roles) & set(frozen))
+    if trained:
+        role = trained[0]
+        raise ConfigError(
+            f"role '{role}' runs on its own model ({frozen[role]}), which training keeps frozen: remove it "
+            f"from train.roles, or from role_models to train it on {cfg.model}"
+        )
+    roles = get_method(cfg.method).team.roles
+    if roles and set(roles) <= set(frozen):
+        raise ConfigError(
+            f"every role of {cfg.method} runs on its own model (role_models), so nothing is left to train: "
+            f"leave at least one role on {cfg.model}"
+        )
+    return frozen
 
 
 def training_questions(cfg: TrainRunConfig) -> list[Question]:
@@ -218,7 +240,7 @@ def plan_training(cfg: TrainRunConfig) -> TrainingPlan:
     warm = (warm_cfg, build_team(warm_cfg)) if warm_cfg else None  # validates the stage's own options
     reward = build_reward_scheme(cfg.method, cfg.reward)  # validates the options
     check_reward_placement(getattr(getattr(reward, "options", None), "placement", None), cfg.train)
-    training_models(cfg)  # e.g. refuses a QAgent stage-2 run without submodule mode
+    check_engines_fit(cfg, training_models(cfg), training=True)  # training_models refuses what cannot train
     initial = initial_checkpoint(cfg)
     check_installed(trackers_for(cfg.report_to))  # a named tracker that is missing
     tracking = TrackingSetup(cfg.report_to, cfg.tracker_project, effective_config(cfg, team))

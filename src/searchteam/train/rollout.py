@@ -17,7 +17,7 @@ import torch
 from accelerate.utils import broadcast_object_list
 
 from searchteam.errors import ConfigError
-from searchteam.factory import build_run_retriever, build_sampling, secondary_llm
+from searchteam.factory import build_run_retriever, build_sampling, role_llms, secondary_llm
 from searchteam.llm import build_llm, resolve_backend
 from searchteam.llm.hf import HFBackend
 from searchteam.rl.config import TrainConfig
@@ -157,7 +157,7 @@ class Rollout:
         self.progress, self.rank, self.world = progress, rank, world
         self.engine = "teacher" if teacher else rollout_engine(cfg)
         self.backend = secondary_llm(cfg, teacher) if teacher else self._policy_backend()
-        self.extra = {name: secondary_llm(cfg, model) for name, model in training_models(cfg).items()}
+        self.extra = role_llms(cfg, training_models(cfg))
         self.retriever = build_run_retriever(cfg) if team.uses_retrieval else None
         self.sampling = build_sampling(cfg)
         self.timings: dict[str, float] = {}

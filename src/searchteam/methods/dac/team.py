@@ -31,9 +31,9 @@ Training only (`ctx.training`; each can be switched by an option), two extra kin
   Its retrieval is recorded at the generator's step, after every searcher step, so it never counts toward
   the searcher's sufficiency.
 
-Roles: `searcher`, `generator`. Both call named models (`model="searcher"`, `model="generator"`) that fall
-back to the policy: one shared model at inference, while a trainer (or `extra_models`) can serve each name
-with its own LoRA adapter, as DAC trains one adapter per role (§4.1, Appendix B.1).
+Roles: `searcher`, `generator`. One shared model at inference, unless the run gives a role its own
+(`role_models`); a trainer can serve each role with its own LoRA adapter, as DAC trains one adapter per role
+(§4.1, Appendix B.1).
 
 Settings: `top_k` passages per search and `max_turns` searcher calls (paper defaults 3 and 4). Options
 (bools): `abstain`, `difference_rewards`, `hard_positives` (each default: on when `ctx.training`).
@@ -67,8 +67,6 @@ GENERATOR_STOP = ("</answer>",)
 SEARCHER_TOKENS = 128
 GENERATOR_TOKENS = 128
 ABSTENTION = "unknown"
-SEARCHER_MODEL = "searcher"
-GENERATOR_MODEL = "generator"
 HARD_POSITIVE_POOL = 15  # Appendix B.1: "we retrieve the top-15 passages using the original question"
 HARD_POSITIVE_DISTRACTORS = 3
 
@@ -128,7 +126,6 @@ class DAC(Team):
     default_top_k = 3  # §4.1: at most four searches of the top-3 passages each
     default_max_turns = 4
     roles = ("searcher", "generator")
-    model_names = (SEARCHER_MODEL, GENERATOR_MODEL)
 
     class Options(TeamOptions):
         """Training-only feature switches: unset, each is on in training and off at inference."""
@@ -177,7 +174,6 @@ class DAC(Team):
                 messages,
                 stop=SEARCHER_STOP,
                 max_new_tokens=SEARCHER_TOKENS,
-                model=SEARCHER_MODEL,
             )
             action = parse_searcher(turn.completion)
             if action.kind == "search":
@@ -230,7 +226,6 @@ class DAC(Team):
             self.chat(prompt, question=q.question, documents=documents),
             stop=GENERATOR_STOP,
             max_new_tokens=GENERATOR_TOKENS,
-            model=GENERATOR_MODEL,
         )
         parsed = parse_answer(turn.completion)
         if not parsed.ok:

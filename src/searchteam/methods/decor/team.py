@@ -8,9 +8,9 @@ Algorithm 1 (the DECOR inference process), for t = 1..T_max (`settings.max_turns
 2. the retriever returns the top-k documents D_t (`settings.top_k`, paper: 5) for the query;
 3. `filter` observes o_t^filt = {q_search, D_t} and writes `<think>…</think><filter>…</filter>`, the
    evidence paragraph e_t;
-4. if |M_{t-1}| + |e_t| > L_max, the frozen summarizer (`compressor`, called with `model="compressor"`
-   so a separate frozen model can serve it; the policy otherwise) condenses M_{t-1} (the earliest
-   entries) into atomic facts (line 14); its turns are frozen (`turn.frozen`);
+4. if |M_{t-1}| + |e_t| > L_max, the frozen summarizer (role `compressor`, which a run can give a separate
+   frozen model with `role_models`; the policy otherwise) condenses M_{t-1} (the earliest entries) into
+   atomic facts (line 14); its turns are frozen (`turn.frozen`);
 5. M_t = M_{t-1} ∪ {(q_search, e_t)}; the memory is snapshotted.
 
 Then `answerer` observes o_T^ans = {q, M_T} only and writes `<think>…</think><answer>…</answer>`.
@@ -198,7 +198,6 @@ class DECOR(Team):
     default_top_k = 5  # §5.1: "maximum search depth T_max = 4, the top-k retrieval per step k = 5"
     default_max_turns = 4
     roles = tuple(MAX_NEW_TOKENS)
-    model_names = ("compressor",)
 
     class Options(TeamOptions):
         memory_max_tokens: int = Field(
@@ -289,5 +288,4 @@ class DECOR(Team):
 
     @staticmethod
     async def _call(ctx: Context, role: str, messages: list[Message], stop: tuple[str, ...]) -> Turn:
-        model = "compressor" if role == "compressor" else "policy"
-        return await ctx.llm(role, messages, stop=stop, max_new_tokens=MAX_NEW_TOKENS[role], model=model)
+        return await ctx.llm(role, messages, stop=stop, max_new_tokens=MAX_NEW_TOKENS[role])

@@ -11,15 +11,15 @@ from searchteam.methods.qagent.team import QAgent
 
 
 def frozen_generator(cfg: Any) -> dict[str, str]:
-    """A training run's extra models. QAgent stage 2 (§3.4) trains the agent for a FROZEN generator: unless
-    the run names one (`extra_models.generator`), a separate copy of the base model serves it, never the
-    trained policy."""
+    """A training run's frozen role models. QAgent stage 2 (§3.4) trains the agent for a FROZEN generator:
+    unless the run gives it a model (`role_models.generator`), a separate copy of the base model serves it,
+    never the trained policy."""
     stage2 = int(cfg.reward.get("stage", 1)) == 2
-    if not stage2 or "generator" in cfg.extra_models:
-        return dict(cfg.extra_models)
+    if not stage2 or "generator" in cfg.role_models:
+        return dict(cfg.role_models)
     if cfg.options.get("mode") != "submodule":
         raise ConfigError("qagent stage 2 rewards a frozen generator's answer: set options.mode: submodule")
-    return {**cfg.extra_models, "generator": cfg.model}
+    return {**cfg.role_models, "generator": cfg.model}
 
 
 register_method(

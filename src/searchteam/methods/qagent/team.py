@@ -7,8 +7,8 @@ results appended as one `<information>` block (Eq. 5, C_t = ⊕_j R(q_tj)), then
 and a new plan or `<answer>`. The reply is a `Transcript`: information blocks and retry prompts are
 environment text (`turn.env_spans`). Every retrieved passage joins the passage set K (line 12).
 
-Roles: `agent`; `generator` in submodule mode, called with `model="generator"` so a run can configure a
-different (frozen) generator model (`extra_models: {generator: ...}`); without one the policy serves it.
+Roles: `agent`; `generator` in submodule mode, which a run can give a different (frozen) model
+(`role_models: {generator: ...}`); without one the policy serves it.
 The generator is frozen in the paper (§3.4), so its turns are frozen (`turn.frozen`): never trained,
 even when the policy serves them, unless the option `frozen_generator: false` says otherwise.
 
@@ -20,7 +20,8 @@ Options (`settings.options`):
 - `max_retries` (default 2): how many malformed outputs get prompt_rethink (line 16) before giving up;
 - `frozen_generator` (default true, as in §3.4): false leaves the generator's turns trainable, so a run
   can fine-tune the reader on the passage sets the agent gathers (submodule mode only, and only when the
-  policy serves the generator: an `extra_models` generator is never trained; not in the paper).
+  policy serves the generator: a generator on its own model (`role_models`) is never trained; not in the
+  paper).
 `top_k` is passages per query (the paper retrieves 1 per query; that is the default unless set);
 `max_turns` is B (default 4), and, as in line 18, a retry uses up a round.
 
@@ -111,13 +112,12 @@ class QAgent(Team):
 
     default_top_k = 1  # §4: "we retrieve 1 passage each query"
     roles = ("agent", "generator")
-    model_names = ("generator",)
 
     class Options(TeamOptions):
         mode: Literal["end_to_end", "submodule"] = Field(
             "end_to_end",
             description="end_to_end: the agent answers (§3.3); submodule: a generator answers from the "
-            "passages the agent gathered (§3.4-3.5; extra_models: {generator: MODEL}, else the policy)",
+            "passages the agent gathered (§3.4-3.5; role_models: {generator: MODEL}, else the policy)",
         )
         max_retries: int = Field(2, ge=0, description="malformed outputs answered with the retry prompt")
         frozen_generator: bool = Field(True, description="false: the generator's turns are trainable")
@@ -196,7 +196,6 @@ class QAgent(Team):
             self.chat("generator", question=q.question, documents=documents),
             stop=ANSWER_STOP,
             max_new_tokens=GENERATOR_TOKENS,
-            model="generator",
         )
         turn.frozen = self.frozen_generator
         return self.answer_from(turn)

@@ -148,12 +148,12 @@ def test_unknown_is_accepted_only_when_abstention_is_on():
     assert off.meta["abstained"] is False
 
 
-def test_roles_use_per_role_model_names_falling_back_to_the_policy():
+def test_roles_on_their_own_models_record_them_and_the_others_use_the_policy():
     searcher = ScriptedLLM(search_once, name="searcher-adapter")
     generator = ScriptedLLM(lambda req: "<answer>Thomas Mann</answer>", name="generator-adapter")
     policy = ScriptedLLM(lambda req: pytest.fail("the policy should not be called"))
     ep = run(policy, searcher=searcher, generator=generator)
-    assert [t.model for t in ep.turns] == ["searcher", "searcher", "generator"]
+    assert [t.model for t in ep.turns] == ["searcher-adapter", "searcher-adapter", "generator-adapter"]
     assert len(searcher.requests) == 2 and len(generator.requests) == 1
     shared = run(scripted(search_once))
     assert {t.model for t in shared.turns} == {"policy"}

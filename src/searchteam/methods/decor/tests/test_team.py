@@ -98,7 +98,7 @@ def test_compressor_uses_its_own_model_when_configured():
         run_episodes(team.run, "decor", [QUESTION], backends, Sampling(), progress=False)
     )
     compressor = episodes[0].turns_of("compressor")
-    assert [t.model for t in compressor] == ["compressor"] and len(frozen.requests) == 1
+    assert [t.model for t in compressor] == ["scripted"] and len(frozen.requests) == 1  # the model's name
     assert all(role_of(r) != "compressor" for r in policy.requests)
 
 

@@ -111,7 +111,7 @@ def test_submodule_mode_hands_deduplicated_passages_to_the_generator():
     assert ep.answer == "Thomas Mann" and ep.meta["agent_answer"] == "Paris"
     assert [t.role for t in ep.turns] == ["agent", "agent", "agent", "generator"]
     gen = ep.turns[-1]
-    assert gen.model == "generator" and len(generator.requests) == 1 and gen.step == 3
+    assert gen.model == "frozen" and len(generator.requests) == 1 and gen.step == 3  # its model's name
     prompt = gen.messages[-1]["content"]
     assert prompt.count("Thomas Mann was a German novelist.") == 1 and prompt.count("Doc ") == 2
     assert QUESTION.question in prompt and "<plan>" not in prompt and "<information>" not in prompt
