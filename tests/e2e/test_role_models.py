@@ -44,6 +44,27 @@ def test_ask_runs_the_role_on_its_model() -> None:
     }
 
 
+def test_serve_answers_with_the_role_on_its_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    import httpx
+
+    import searchteam.serve as serving
+    from tests.support.helpers import serve_on_loopback
+
+    replies: list[httpx.Response] = []
+
+    def serve_one_request(service, **_: object) -> None:
+        with serve_on_loopback(serving.create_app(service)) as url:
+            chat = {"model": "static_pipeline", "messages": [{"role": "user", "content": "Where is Lyon?"}]}
+            replies.append(httpx.post(f"{url}/chat/completions", json=chat, timeout=300))
+
+    monkeypatch.setattr(serving, "serve", serve_one_request)
+    invoke("serve", *ON_ITS_OWN, "--top-k", "1")
+    (reply,) = replies
+    assert reply.status_code == 200, reply.text
+    turns = reply.json()["trace"]["turns"]
+    assert {(t["role"], t["model"]) for t in turns} == {("qr", "policy"), ("ds", "policy"), ("ag", READER)}
+
+
 def test_a_train_step_updates_the_policy_roles_and_not_the_frozen_one(tmp_path: Path) -> None:
     out = tmp_path / "train"
     invoke("train", *ON_ITS_OWN, "--top-k", "1", "--steps", "1", "--set", "questions_per_step=1",
