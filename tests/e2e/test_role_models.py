@@ -1,6 +1,7 @@
 """A role on its own model (`role_models`), through the commands a user runs: eval, ask and serve run the
 roles on two presets and record on each turn the model it ran on; a training step trains the policy's roles
-and keeps the frozen role out of the update; what cannot work is refused in one line before any model loads."""
+and keeps the frozen role out of the update; what cannot work is refused in one line before any model
+loads."""
 
 from __future__ import annotations
 
