@@ -132,7 +132,7 @@ class RunConfig(BaseModel):
         None,
         pattern=r"^[1-9][0-9]*-[1-9][0-9]*$",
         description="FIRST-LAST: only lines FIRST to LAST (1-based, inclusive) of each dataset's split or "
-        "questions file, e.g. 201-300 for the dev lines no shipped result was chosen on",
+        "questions file, e.g. 351-450 (the benchmark README says which dev lines are still unread)",
     )
     limit: int | None = Field(None, ge=1, description="at most this many questions per dataset")
     out: Path | None = Field(
