@@ -1,6 +1,7 @@
 """Each shipped adapter, run by name as a user runs it (`searchteam eval --model NAME`), answers fixed
-questions greedily with its card's run settings, and its answers equal the recorded ones: a change that
-moves an adapter's answers (a prompt, a parser, the runtime, the engine) shows here.
+questions of benchmark v1 greedily with its card's run settings, and its answers equal the recorded ones: a
+change that moves an adapter's answers (a prompt, a parser, the runtime, the engine, v1's questions or
+corpus) shows here.
 
 After a deliberate change, record the new answers (and say why in the commit):
 
@@ -23,7 +24,8 @@ from searchteam.llm.models import PRESETS, TRAINED
 from searchteam.methods import METHODS  # noqa: F401  (registers the shipped adapters)
 
 RECORDED = Path(__file__).resolve().parents[1] / "support" / "data" / "adapter_answers.json"
-QUESTIONS = ["--dataset", "hotpotqa,2wikimultihopqa", "--split", "dev", "--limit", "1"]
+# the answers were recorded on benchmark v1, which the adapters were trained on: v1 reruns them exactly
+QUESTIONS = ["--benchmark", "v1", "--dataset", "hotpotqa,2wikimultihopqa", "--split", "dev", "--limit", "1"]
 RECORD = os.environ.get("SEARCHTEAM_RECORD_ADAPTERS") == "1"
 
 
