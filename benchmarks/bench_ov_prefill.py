@@ -21,12 +21,13 @@ WORDS = ["river", "mountain", "city", "novel", "author", "born", "capital", "war
 NEW_TOKENS = 32
 
 
-def prompt_ids(tokenizer, n: int, salt: str) -> list[list[int]]:
-    """`n` prompts of 700 random words each, different for every `salt` so no run reuses another's cache."""
+def prompt_ids(tokenizer, n: int, salt: str, words: int = 700) -> list[list[int]]:
+    """`n` prompts of `words` random words each, different for every `salt` so no run reuses another's
+    cache."""
     prompts = []
     for i in range(n):
         rng = random.Random(f"{salt}-{i}")
-        text = " ".join(rng.choice(WORDS) for _ in range(700))
+        text = " ".join(rng.choice(WORDS) for _ in range(words))
         messages = [{"role": "user", "content": f"Document: {text}\nWhich city?"}]
         request = GenerationRequest(messages, SamplingParams())
         prompts.append(tokenizer(render_chat(tokenizer, request), add_special_tokens=False)["input_ids"])

@@ -17,15 +17,15 @@ import argparse
 import json
 import math
 import os
-import random
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench_ov_prefill import prompt_ids  # the same random-word prompts
+
 PRESETS = ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
-WORDS = ["river", "mountain", "city", "novel", "author", "born", "capital", "war", "king", "queen", "bridge"]
 # engine settings tried on the 1.5B: scheduler fields and CPU plugin properties on top of the ov backend's
 VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "default": {},
@@ -35,20 +35,6 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "threads2": {"properties": {"INFERENCE_NUM_THREADS": 2, "NUM_STREAMS": 1}},
     "latency": {"properties": {"PERFORMANCE_HINT": "LATENCY"}},
 }
-
-
-def prompts(tokenizer, n: int, words: int, salt: str) -> list[list[int]]:
-    from searchteam.llm.base import GenerationRequest, SamplingParams, render_chat
-
-    out = []
-    for i in range(n):
-        rng = random.Random(f"{salt}-{i}")
-        text = " ".join(rng.choice(WORDS) for _ in range(words))
-        request = GenerationRequest(
-            [{"role": "user", "content": f"Document: {text}\nWhich city?"}], SamplingParams()
-        )
-        out.append(tokenizer(render_chat(tokenizer, request), add_special_tokens=False)["input_ids"])
-    return out
 
 
 def measure(preset: str, variant: str) -> dict[str, float]:
@@ -87,11 +73,11 @@ def measure(preset: str, variant: str) -> dict[str, float]:
         pipeline.generate(inputs, [generation] * len(ids))
         return time.perf_counter() - start
 
-    run(prompts(tokenizer, 2, 200, f"{variant}-warm"), 2)
-    long = prompts(tokenizer, 8, 700, f"{variant}-prefill")
+    run(prompt_ids(tokenizer, 2, f"{variant}-warm", words=200), 2)
+    long = prompt_ids(tokenizer, 8, f"{variant}-prefill")
     prefill_s = run(long, 1)
-    short = prompts(tokenizer, 4, 8, f"{variant}-decode")
-    short_prefill_s = run(prompts(tokenizer, 4, 8, f"{variant}-decode-p"), 1)
+    short = prompt_ids(tokenizer, 4, f"{variant}-decode", words=8)
+    short_prefill_s = run(prompt_ids(tokenizer, 4, f"{variant}-decode-p", words=8), 1)
     decode_s = run(short, 65) - short_prefill_s
     engine_rss = psutil.Process().memory_info().rss - rss  # after use: the IR is mapped in as it is read
     params = sum(n for name, n in _sizes(checkpoint) if name.startswith("model.layers."))

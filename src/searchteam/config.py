@@ -198,7 +198,7 @@ class RunConfig(BaseModel):
     @classmethod
     def _ordered_lines(cls, value: str | None) -> str | None:
         if value is not None:
-            first, last = map(int, value.split("-"))
+            first, last = parse_lines(value)
             if first > last:
                 raise ValueError(f"lines {value}: FIRST must not be after LAST")
         return value
@@ -206,10 +206,7 @@ class RunConfig(BaseModel):
     @property
     def line_range(self) -> tuple[int, int] | None:
         """`lines` as (first, last), 1-based and inclusive."""
-        if self.lines is None:
-            return None
-        first, last = map(int, self.lines.split("-"))
-        return first, last
+        return None if self.lines is None else parse_lines(self.lines)
 
     @field_validator("report_to")
     @classmethod
@@ -310,6 +307,12 @@ def load_config(
     except ValidationError as exc:
         problems = "; ".join(_problem(err, schema) for err in exc.errors())
         raise ConfigError(f"invalid configuration ({source}): {problems}") from None
+
+
+def parse_lines(lines: str) -> tuple[int, int]:
+    """ "FIRST-LAST" (the `lines` setting) as (first, last)."""
+    first, last = lines.split("-")
+    return int(first), int(last)
 
 
 def _problem(err: Any, schema: type[RunConfig]) -> str:
