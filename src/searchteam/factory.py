@@ -35,20 +35,26 @@ def load_run_config(
     settings: Mapping[str, Any] | None = None,
 ) -> RunConfig:
     """`config.load_config` for a run: `path` may name a shipped recipe (`methods.shipped_recipes`), and a
-    trained adapter named as `model` brings its run settings (`with_adapter_settings`)."""
+    trained adapter named as `model` or a composed team brings its run settings (`with_run_defaults`)."""
     path = resolve_config_path(path) if path is not None else None
-    return load_config(path, overrides, schema, settings, complete=with_adapter_settings)
+    return load_config(path, overrides, schema, settings, complete=with_run_defaults)
 
 
-def with_adapter_settings(data: dict[str, Any], schema: type[RunConfig]) -> dict[str, Any]:
-    """`data` completed with the run settings of the trained adapter it names as `model`, when it runs that
-    adapter's method: a field the run leaves unset takes the adapter's value; a dict merges key by key."""
-    trained = TRAINED.get(str(data.get("model")))
+def with_run_defaults(data: dict[str, Any], schema: type[RunConfig]) -> dict[str, Any]:
+    """`data` completed with the run settings its model and its method bring: those of the trained adapter
+    it names as `model`, when it runs that adapter's method; those of a composed team's file (its
+    `role_models`, `max_new_tokens_per_role`). A field the run leaves unset takes their value; a dict merges
+    key by key, the run's keys winning."""
     method = data.get("method", schema.model_fields["method"].default)
-    if trained is None or method != trained.method:
-        return data
+    trained = TRAINED.get(str(data.get("model")))
+    if trained is not None and method == trained.method:
+        data = under(data, trained.run_settings)
+    return under(data, get_method(str(method)).run_settings)
+
+
+def under(data: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(data)
-    for key, value in trained.run_settings.items():
+    for key, value in defaults.items():
         given = merged.get(key)
         if given is None:
             merged[key] = value

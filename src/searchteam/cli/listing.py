@@ -13,8 +13,20 @@ from searchteam.methods import METHODS
 
 @app.command()
 def methods(as_json: bool = JSON_LISTING) -> None:
-    """List every method with a one-line description."""
-    print_listing(("method", "description"), [(n, c.description) for n, c in METHODS.items()], as_json)
+    """List every method with a one-line description, then the composed teams in the known folders
+    ($SEARCHTEAM_TEAMS, ./teams, the repository's examples/teams/composed)."""
+    from searchteam.errors import ConfigError
+    from searchteam.methods import get_method
+    from searchteam.methods.composed import known_team_files
+
+    rows = [(n, c.description) for n, c in METHODS.items()]
+    for path in known_team_files():
+        try:
+            described = get_method(str(path)).purpose
+        except ConfigError as err:
+            described = f"cannot be used: {err}"
+        rows.append((path.stem, f"composed team ({path}): {described}"))
+    print_listing(("method", "description"), rows, as_json)
 
 
 @app.command()

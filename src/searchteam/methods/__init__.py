@@ -46,6 +46,7 @@ class Method:
     reward: RewardSpec | None = None
     recipes: Mapping[str, str] = field(default_factory=dict)
     training_models: TrainingModels | None = None
+    run_settings: Mapping[str, Any] = field(default_factory=dict)  # a composed team's: its roles' models
 
     @property
     def purpose(self) -> str:
@@ -89,6 +90,8 @@ def register_method(
         if path is None or not path.is_file():
             raise ValueError(f"method '{team.name}' names the {kind} recipe {path}, which does not exist")
     _REGISTRY[team.name] = method
+    if "REGISTRY" in globals():  # a method package imported after the registry loaded (a user's own)
+        REGISTRY[team.name], METHODS[team.name] = method, team
     for card in sorted(folder.glob(f"adapters/*/{ADAPTER_CARD}")):  # the trained adapters it ships
         register_adapter(card.parent, team.name)
     return method
@@ -106,10 +109,19 @@ METHODS: dict[str, type[Team]] = {name: method.team for name, method in REGISTRY
 
 
 def get_method(name: str) -> Method:
-    try:
+    """A registered method, or a composed team: a team file's path, or its stem in a known folder
+    (`methods.composed`)."""
+    if name in REGISTRY:
         return REGISTRY[name]
-    except KeyError:
-        raise UnknownMethodError(f"unknown method '{name}'; choose one of: {', '.join(REGISTRY)}") from None
+    from searchteam.methods.composed import composed_method_at, find_team_file
+
+    path = find_team_file(name)
+    if path is not None:
+        return composed_method_at(path.resolve())
+    raise UnknownMethodError(
+        f"unknown method '{name}'; choose one of: {', '.join(REGISTRY)}, or a composed team's YAML file"
+        + did_you_mean(name, REGISTRY)
+    )
 
 
 def get_team(name: str, settings: TeamSettings | None = None) -> Team:
@@ -125,7 +137,10 @@ def build_reward_scheme(
     method: str, options: dict[str, Any] | None = None, judge: LLM | None = None
 ) -> RewardScheme:
     """The reward scheme of `method`, with validated `options`; `judge` serves LLM-judged schemes (DECOR)."""
-    spec = REGISTRY[method].reward if method in REGISTRY else None
+    try:
+        spec = get_method(method).reward
+    except UnknownMethodError:
+        spec = None
     if spec is None:
         raise ValueError(
             f"no reward scheme for method '{method}'; known methods: {', '.join(reward_methods())}"

@@ -17,6 +17,7 @@ from searchteam.errors import ConfigError, did_you_mean
 from searchteam.metrics import normalize_answer, sufficiency
 from searchteam.runtime.context import Context, Turn
 from searchteam.teams.parsing import parse_answer
+from searchteam.teams.transcript import dedupe
 from searchteam.types import Message, Passage, Question
 
 
@@ -59,6 +60,10 @@ class Team(ABC):
     # options that write the policy's actions from privileged data (e.g. Search-R1's bridge_hint): only a
     # warm start's sampling may turn them on in training (an evaluation with them is a privileged diagnostic)
     warm_start_only: ClassVar[tuple[str, ...]] = ()
+    # Roles a team calls as a part of a composed team (`teams from parts`): as a gatherer, as a reader; unset,
+    # its `roles`. Naive RAG gathers with no LLM call, so its gatherer roles are ().
+    gatherer_roles: ClassVar[tuple[str, ...] | None] = None
+    reader_roles: ClassVar[tuple[str, ...] | None] = None
     options: TeamOptions
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -98,6 +103,30 @@ class Team(ABC):
             writer.flag_format_error(f"repeats the prompt example's answer {answer!r}; no passage holds it")
         return ""
 
+    async def gather(self, q: Question, ctx: Context) -> list[Passage]:
+        """A gatherer's evidence for `q`: the passages its searches found, in its order. A team that can
+        gather for a composed team overrides this (`plays`); the other parts' retrievals are already on
+        `ctx.episode`."""
+        raise NotImplementedError(f"method '{self.name}' cannot gather evidence for a composed team")
+
+    async def read(self, q: Question, ctx: Context, passages: list[Passage]) -> str:
+        """A reader's answer to `q` from the given `passages` alone, with no search of its own. A team that
+        can read for a composed team overrides this (`plays`)."""
+        raise NotImplementedError(f"method '{self.name}' cannot read given evidence for a composed team")
+
+    @classmethod
+    def plays(cls, place: str) -> bool:
+        """Whether it can be a composed team's `gatherer` (it overrides `gather`) or `reader` (`read`)."""
+        if place == "gatherer":
+            return cls.gather is not Team.gather
+        return cls.read is not Team.read
+
+    @classmethod
+    def roles_as(cls, place: str) -> tuple[str, ...]:
+        """The roles it calls as a composed team's `gatherer` or `reader`."""
+        own = cls.gatherer_roles if place == "gatherer" else cls.reader_roles
+        return cls.roles if own is None else own
+
     def chat(self, prompt: str = "", **fields: str) -> list[Message]:
         """System prompt, the one example exchange, then the user turn filled with `fields`."""
         p = self.prompts[prompt] if prompt else self.prompts
@@ -125,6 +154,21 @@ class Team(ABC):
         if not parsed.ok:
             turn.flag_format_error(parsed.error or "bad answer format")
         return parsed.value
+
+
+GATHERER_ANSWERS = "gatherer_answers"  # episode.meta: what each gatherer that answers answered, by method
+
+
+class GathersItsSearches:
+    """Mixin of a team whose evidence, as a composed team's gatherer, is what its own searches returned: it
+    runs its whole workflow and hands over the distinct passages found, keeping its own answer in
+    `episode.meta["gatherer_answers"]`. Put it before `Team` in the bases."""
+
+    async def gather(self, q: Question, ctx: Context) -> list[Passage]:
+        first = len(ctx.episode.retrievals)
+        answer = await self.run(q, ctx)  # type: ignore[attr-defined]
+        ctx.episode.meta.setdefault(GATHERER_ANSWERS, {})[self.name] = answer  # type: ignore[attr-defined]
+        return dedupe([p for r in ctx.episode.retrievals[first:] for p in r.passages])
 
 
 def check_names(method: str, kind: str, field: str, given: Iterable[str], valid: tuple[str, ...]) -> None:

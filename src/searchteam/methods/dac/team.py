@@ -126,6 +126,8 @@ class DAC(Team):
     default_top_k = 3  # §4.1: at most four searches of the top-3 passages each
     default_max_turns = 4
     roles = ("searcher", "generator")
+    gatherer_roles = ("searcher",)
+    reader_roles = ("generator",)
 
     class Options(TeamOptions):
         """Training-only feature switches: unset, each is on in training and off at inference."""
@@ -145,15 +147,27 @@ class DAC(Team):
         abstain = self.option("abstain", ctx)
         probes = self.option("difference_rewards", ctx)
         evidence, last_search = await self._search(q, ctx, abstain, probes)  # §3.1 steps 2-4
-        _, answer, abstained = await self._generate(q, evidence, abstain, ctx)  # §3.1 step 5
-        ctx.episode.meta["abstention"] = abstain
-        DacEpisodeRecord(abstained=abstained).write(ctx.episode)
-        if probes and last_search is not None:
-            DacTurnRecord(partial_abstained=abstained).write(last_search)  # §3.4: the final call is G(Q, E≤T)
+        answer = await self.read(q, ctx, evidence)  # §3.1 step 5
+        if probes and last_search is not None:  # §3.4: the final call is G(Q, E≤T)
+            DacTurnRecord(partial_abstained=DacEpisodeRecord.of(ctx.episode).abstained).write(last_search)
         if self.option("hard_positives", ctx) and sufficiency(
             [p.contents for p in evidence], q.golden_answers
         ):
             await self._hard_positive(q, evidence, abstain, ctx)  # §3.3
+        return answer
+
+    async def gather(self, q: Question, ctx: Context) -> list[Passage]:
+        """The searcher in front of another method's reader: the evidence E, without §3.4's probes (they
+        need DAC's own generator)."""
+        evidence, _ = await self._search(q, ctx, abstain=False, probes=False)
+        return evidence
+
+    async def read(self, q: Question, ctx: Context, passages: list[Passage]) -> str:
+        """The generator on another method's evidence, abstaining as in `run`."""
+        abstain = self.option("abstain", ctx)
+        _, answer, abstained = await self._generate(q, passages, abstain, ctx)
+        ctx.episode.meta["abstention"] = abstain
+        DacEpisodeRecord(abstained=abstained).write(ctx.episode)
         return answer
 
     async def _search(

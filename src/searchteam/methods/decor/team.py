@@ -48,7 +48,7 @@ from typing import Any
 from pydantic import Field
 
 from searchteam.runtime.context import Context
-from searchteam.teams.base import Team, TeamOptions, format_documents
+from searchteam.teams.base import GathersItsSearches, Team, TeamOptions, format_documents
 from searchteam.teams.parsing import capped, flat, has_pair, last_tag, opened_tail, untagged, without_pairs
 from searchteam.types import Message, Question, Record, Turn
 
@@ -188,7 +188,7 @@ def _think_error(text: str) -> str | None:
     return None if has_pair(text, "think") else "missing <think> block"
 
 
-class DECOR(Team):
+class DECOR(GathersItsSearches, Team):
     name = "decor"
     description = (
         "DECOR: a planner that never sees raw documents, a filter that curates a memory pool, and an "

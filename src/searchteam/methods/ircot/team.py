@@ -29,7 +29,7 @@ import re
 from pydantic import Field
 
 from searchteam.runtime.context import Context
-from searchteam.teams.base import Team, TeamOptions
+from searchteam.teams.base import GathersItsSearches, Team, TeamOptions
 from searchteam.teams.parsing import capped
 from searchteam.types import Passage, Question
 
@@ -62,10 +62,11 @@ def wikipedia_paragraphs(passages: list[Passage]) -> str:
     return "\n\n".join(f"Wikipedia Title: {p.title}\n{p.text}" for p in passages)
 
 
-class IRCoT(Team):
+class IRCoT(GathersItsSearches, Team):
     name = "ircot"
     description = "IRCoT: interleave one chain-of-thought sentence with one retrieval per step."
     roles = ("reasoner", "answer")
+    reader_roles = ("answer",)
 
     class Options(TeamOptions):
         max_passages: int = Field(MAX_PASSAGES, ge=1, description="cap on the passages the reasoner reads")
@@ -104,14 +105,18 @@ class IRCoT(Team):
         if answer:
             return answer
         ctx.step += 1
-        return await self.read(q, list(collected.values())[:budget], thoughts, ctx)
+        return await self.answer(q, list(collected.values())[:budget], thoughts, ctx)
 
     @staticmethod
     def collect(collected: dict[str, Passage], passages: list[Passage]) -> None:
         for p in passages:
             collected.setdefault(p.id, p)
 
-    async def read(self, q: Question, passages: list[Passage], thoughts: list[str], ctx: Context) -> str:
+    async def read(self, q: Question, ctx: Context, passages: list[Passage]) -> str:
+        """IRCoT's reader on another method's passages, with no reasoning of its own."""
+        return await self.answer(q, passages, [], ctx)
+
+    async def answer(self, q: Question, passages: list[Passage], thoughts: list[str], ctx: Context) -> str:
         """IRCoT's reader: answer from the collected passages and the reasoning so far."""
         prompt = self.chat(
             "answer",

@@ -46,7 +46,7 @@ from pydantic import Field, field_validator
 
 from searchteam.errors import DataError
 from searchteam.runtime.context import Context
-from searchteam.teams.base import Team, TeamOptions, TeamSettings
+from searchteam.teams.base import GathersItsSearches, Team, TeamOptions, TeamSettings
 from searchteam.teams.parsing import capped, last_tag, tag_pairs
 from searchteam.teams.selectors import (
     ANSWER_STOP,
@@ -204,7 +204,7 @@ def given_subquestions(q: Question) -> tuple[list[str], str] | None:
     return questions[:MAX_SUBQUESTIONS], mode
 
 
-class Jade(Team):
+class Jade(GathersItsSearches, Team):
     name = "jade"
     description = (
         "JADE: a planner builds a workflow per sub-query (rewrite, decompose, retrieve, select, answer)."

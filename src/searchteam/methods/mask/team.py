@@ -48,7 +48,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from searchteam.runtime.context import Context
-from searchteam.teams.base import Team, TeamOptions, format_documents
+from searchteam.teams.base import GathersItsSearches, Team, TeamOptions, format_documents
 from searchteam.teams.parsing import capped, flat, last_tag, opened_tail, small_int, tag_pairs, untagged
 from searchteam.teams.transcript import dedupe
 from searchteam.types import Message, Question, Record, Turn
@@ -222,7 +222,7 @@ def parse_evidence(text: str) -> tuple[str, str | None]:
     return flat(untagged(text)) or NO_EVIDENCE, "missing <evidence> tag"
 
 
-class MASK(Team):
+class MASK(GathersItsSearches, Team):
     name = "mask"
     description = (
         "M-ASK: planning, search, summary, update and answer agents over a structured knowledge state "

@@ -49,7 +49,7 @@ from searchteam.runtime.context import Context
 from searchteam.teams.base import Team, TeamOptions, TeamSettings, format_documents
 from searchteam.teams.parsing import capped, last_tag, tag_contents
 from searchteam.teams.transcript import Transcript, dedupe, information_block
-from searchteam.types import Passage, Question, Record
+from searchteam.types import Message, Passage, Question, Record
 
 AGENT_STOP = ("</search>", "</answer>")
 ANSWER_STOP = ("</answer>",)
@@ -112,6 +112,8 @@ class QAgent(Team):
 
     default_top_k = 1  # §4: "we retrieve 1 passage each query"
     roles = ("agent", "generator")
+    gatherer_roles = ("agent",)
+    reader_roles = ("generator",)
 
     class Options(TeamOptions):
         mode: Literal["end_to_end", "submodule"] = Field(
@@ -137,6 +139,31 @@ class QAgent(Team):
         self.frozen_generator = self.options.frozen_generator
 
     async def run(self, q: Question, ctx: Context) -> str:
+        found, agent_answer, transcript, messages = await self._search_rounds(q, ctx)
+        if self.mode == "submodule":
+            if agent_answer is not None:
+                QAgentRecord(agent_answer=agent_answer).write(ctx.episode)
+            return await self._generate(q, found, ctx)  # line 20: Â = G(q, K)
+        if agent_answer is None:
+            agent_answer = await transcript.force_answer(ctx, "agent", messages, max_new_tokens=ANSWER_TOKENS)
+        return agent_answer
+
+    async def gather(self, q: Question, ctx: Context) -> list[Passage]:
+        """The search module of §3.4-3.5 in front of another method's reader: the passage set K."""
+        found, agent_answer, _, _ = await self._search_rounds(q, ctx)
+        if agent_answer is not None:
+            QAgentRecord(agent_answer=agent_answer).write(ctx.episode)
+        return found
+
+    async def read(self, q: Question, ctx: Context, passages: list[Passage]) -> str:
+        """The generator G(q, K) of Eq. 9 on another method's passages."""
+        return await self._generate(q, passages, ctx)
+
+    async def _search_rounds(
+        self, q: Question, ctx: Context
+    ) -> tuple[list[Passage], str | None, Transcript, list[Message]]:
+        """Algorithm 1's rounds (lines 2-18): the passage set K, the agent's own answer if it gave one, and
+        the transcript and messages a forced answer continues."""
         messages = self.chat("agent", question=q.question)
         transcript = Transcript(ctx.episode)
         found: list[Passage] = []  # the info set K (line 1)
@@ -173,13 +200,7 @@ class QAgent(Team):
                 break
         ctx.episode.meta["retries"] = retries
         ctx.step += 1
-        if self.mode == "submodule":
-            if agent_answer is not None:
-                QAgentRecord(agent_answer=agent_answer).write(ctx.episode)
-            return await self._generate(q, found, ctx)  # line 20: Â = G(q, K)
-        if agent_answer is None:
-            agent_answer = await transcript.force_answer(ctx, "agent", messages, max_new_tokens=ANSWER_TOKENS)
-        return agent_answer
+        return found, agent_answer, transcript, messages
 
     async def _retrieve(self, queries: list[str], ctx: Context, transcript: Transcript) -> list[Passage]:
         """Line 10-11: retrieve every query of the round, append the results as one information block."""

@@ -41,7 +41,7 @@ from pydantic import Field
 
 from searchteam.metrics import answer_scores
 from searchteam.runtime.context import Context
-from searchteam.teams.base import Team, TeamOptions, TeamSettings
+from searchteam.teams.base import GathersItsSearches, Team, TeamOptions, TeamSettings
 from searchteam.teams.parsing import tag_pairs
 from searchteam.teams.transcript import Transcript, information_block
 from searchteam.types import Episode, Message, Question, Turn
@@ -71,7 +71,7 @@ def parse_action(completion: str) -> Action:
     return Action("search" if kind == "search" else "answer", content)
 
 
-class SearchR1(Team):
+class SearchR1(GathersItsSearches, Team):
     name = "search_r1"
     description = (
         "Monolithic Search-R1 agent: think, search, read <information>, answer, in one growing reply."

@@ -28,7 +28,7 @@ from pydantic import Field
 
 from searchteam.runtime.context import Context
 from searchteam.teams.answering import answer_call
-from searchteam.teams.base import Team, TeamOptions
+from searchteam.teams.base import GathersItsSearches, Team, TeamOptions
 from searchteam.teams.selectors import (
     ID_STOP,
     apply_selection,
@@ -44,7 +44,7 @@ MAX_QUERIES = 4
 ANSWER_TOKENS = 48  # the generator's cap: a few words and the closing tag
 
 
-class StaticPipeline(Team):
+class StaticPipeline(GathersItsSearches, Team):
     name = "static_pipeline"
     description = "MMOA-RAG fixed graph: query rewriter → retrieval → document selector → answer generator."
     roles = ("qr", "ds", "ag")
