@@ -118,11 +118,14 @@ class TeamService:
 def build_service(
     config: RunConfig, components: Components | None = None, limits: ServeLimits | None = None
 ) -> TeamService:
-    """The service for `config`: its team, model(s) and retriever (loaded unless `components` are given)."""
+    """The service for `config`: its team, model(s) and retriever (loaded unless `components` are given). It
+    serves the team by its name: a method's, or a composed team file's stem."""
     components = components or build_components(config)
     backends = make_backends(components.llms, components.retriever, max_batch=config.batch_size)
     limits = limits or ServeLimits(concurrency=config.concurrency)
-    return TeamService(components.team, config.method, config.model, backends, build_sampling(config), limits)
+    return TeamService(
+        components.team, components.team.name, config.model, backends, build_sampling(config), limits
+    )
 
 
 async def episode_stream(
