@@ -94,3 +94,16 @@ def test_a_train_step_trains_the_gatherer_and_not_the_reader(tmp_path: Path, exa
     assert record["episodes"] == 2 and record["failed_episodes"] == 0
     reader = READERS.get(example.stem, "answer")
     assert record["samples/agent"] >= 2 and f"samples/{reader}" not in record
+
+
+def test_the_gatherer_recipe_plans_on_unsampled_train_lines() -> None:
+    from searchteam.train.config import load_train_run_config, plan_training, training_questions
+
+    recipe = REPOSITORY_TEAMS / "recipes" / "top5+search_r1-new-gatherer-qwen0.5b-cpu.yaml"
+    cfg = load_train_run_config(recipe, {})
+    plan = plan_training(cfg)  # everything that can fail before a model loads
+    assert plan.team.name == "top5+search_r1-new" and cfg.role_models == {
+        "answer": "qwen2.5-coder-0.5b-naive_rag"
+    }
+    questions = training_questions(cfg)
+    assert len(questions) == 454 and {q.dataset for q in questions} == {"hotpotqa", "2wikimultihopqa"}
