@@ -34,6 +34,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from searchteam.errors import ConfigError
+from searchteam.methods import REGISTRY, Method, TrainingModels, build_reward_scheme, get_method, get_team
 from searchteam.rewards.base import RewardOptions, RewardScheme, RewardSpec, clear, record
 from searchteam.runtime.context import Context
 from searchteam.teams.base import Team, TeamSettings
@@ -100,8 +101,6 @@ class ComposedTeam(Team):
     path: Path
 
     def __init__(self, settings: TeamSettings | None = None) -> None:
-        from searchteam.methods import get_team
-
         given = settings or TeamSettings()
         unused = [name for name in ("top_k", "max_turns", "options") if getattr(given, name)]
         if unused or given.new_passages_only:
@@ -162,8 +161,6 @@ def read_team_file(path: Path) -> TeamFile:
 def check_parts(spec: TeamFile, path: Path) -> tuple[str, ...]:
     """Refuse a part that cannot play its place, naming the methods that can, and two parts that call the same
     role; the composed team's roles."""
-    from searchteam.methods import REGISTRY, get_method
-
     placed = [("gatherer", part) for part in spec.gatherers] + [("reader", spec.reader)]
     roles: dict[str, str] = {}
     for place, part in placed:
@@ -216,7 +213,7 @@ def known_team_files() -> list[Path]:
 
 
 class ComposedOptions(RewardOptions):
-    train: Place | Literal["gatherers"] = Field(
+    train: Literal["gatherers", "reader"] = Field(
         description="the place trained: gatherers (every gatherer that calls a model) or reader"
     )
     part: dict[str, Any] = Field(
@@ -224,12 +221,12 @@ class ComposedOptions(RewardOptions):
     )
 
 
-def trained_parts(spec: TeamFile, train: str) -> list[PartSpec]:
-    parts = [spec.reader] if train == "reader" else spec.gatherers
-    from searchteam.methods import get_method
-
-    place = "reader" if train == "reader" else "gatherer"
-    return [p for p in parts if get_method(p.method).team.roles_as(place)]
+def trained_parts(spec: TeamFile, train: str) -> tuple[Place, list[PartSpec], set[str]]:
+    """The place `train` names, its parts that call a model, and their roles."""
+    place: Place = "reader" if train == "reader" else "gatherer"
+    teams = [(p, get_method(p.method).team) for p in ([spec.reader] if place == "reader" else spec.gatherers)]
+    calling = [(p, team.roles_as(place)) for p, team in teams if team.roles_as(place)]
+    return place, [p for p, _ in calling], {role for _, roles in calling for role in roles}
 
 
 class ComposedReward:
@@ -237,10 +234,7 @@ class ComposedReward:
     retrievals (a reader: every retrieval) with the episode's answer; every other turn frozen."""
 
     def __init__(self, options: ComposedOptions, spec: TeamFile) -> None:
-        from searchteam.methods import build_reward_scheme
-
-        self.place: Place = "reader" if options.train == "reader" else "gatherer"
-        parts = trained_parts(spec, options.train)
+        self.place, parts, _ = trained_parts(spec, options.train)
         self.schemes: dict[str, RewardScheme] = {
             p.method: build_reward_scheme(p.method, options.part) for p in parts
         }
@@ -280,16 +274,13 @@ def reward_spec(spec: TeamFile) -> RewardSpec:
     return RewardSpec(ComposedOptions, lambda options, _judge: ComposedReward(options, spec))
 
 
-def training_models(spec: TeamFile, path: Path):
+def training_models(spec: TeamFile, path: Path) -> TrainingModels:
     """The run's role models, all frozen; refuses a trained place whose roles all run on their own model."""
 
     def frozen(cfg: Any) -> dict[str, str]:
         train = (cfg.reward or {}).get("train")
         if train is not None:
-            from searchteam.methods import get_method
-
-            place = "reader" if train == "reader" else "gatherer"
-            roles = {r for p in trained_parts(spec, train) for r in get_method(p.method).team.roles_as(place)}
+            _, _, roles = trained_parts(spec, train)
             if not roles:
                 raise ConfigError(f"{path}: no {train} part calls a model, so there is nothing to train")
             on_own = sorted(roles & set(cfg.role_models))
@@ -304,10 +295,8 @@ def training_models(spec: TeamFile, path: Path):
 
 
 @cache
-def composed_method_at(path: Path):
+def composed_method_at(path: Path) -> Method:
     """The Method of a team file (read once per path)."""
-    from searchteam.methods import Method
-
     team = team_class(path)
     spec = team.spec
     return Method(
