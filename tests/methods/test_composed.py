@@ -15,7 +15,7 @@ import pytest
 from searchteam.errors import ConfigError
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
-from searchteam.methods import _REGISTRY, METHODS, REGISTRY, build_reward_scheme, get_method, get_team
+from searchteam.methods import build_reward_scheme, get_method, get_team
 from searchteam.methods.composed import ComposedRecord, PartRecord
 from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings
@@ -175,16 +175,18 @@ user: "{documents}\\nQuestion: {question}"
 
 @pytest.fixture
 def throwaway_method(tmp_path, monkeypatch):
-    package = tmp_path / "throwaway_method"
-    package.mkdir()
-    (package / "__init__.py").write_text(THROWAWAY_TEAM, encoding="utf-8")
-    (package / "prompts.yaml").write_text(THROWAWAY_PROMPTS, encoding="utf-8")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    __import__("throwaway_method")
+    """A method folder `throwaway` beside the shipped ones, loaded as the registry loads them."""
+    import searchteam.methods as methods
+
+    folder = tmp_path / "throwaway"
+    folder.mkdir()
+    (folder / "__init__.py").write_text(THROWAWAY_TEAM, encoding="utf-8")
+    (folder / "prompts.yaml").write_text(THROWAWAY_PROMPTS, encoding="utf-8")
+    monkeypatch.setattr(methods, "_REGISTRY", dict(methods._REGISTRY))
+    monkeypatch.setattr(methods, "__path__", [*methods.__path__, str(tmp_path)])
+    monkeypatch.setattr(methods, "REGISTRY", methods._load_packages())
     yield "throwaway"
-    for registry in (REGISTRY, METHODS, _REGISTRY):
-        registry.pop("throwaway")
-    sys.modules.pop("throwaway_method")
+    sys.modules.pop("searchteam.methods.throwaway")
 
 
 def test_a_new_method_folder_composes_as_a_gatherer_and_as_a_reader(tmp_path, throwaway_method):

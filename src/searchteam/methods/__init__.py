@@ -90,8 +90,6 @@ def register_method(
         if path is None or not path.is_file():
             raise ValueError(f"method '{team.name}' names the {kind} recipe {path}, which does not exist")
     _REGISTRY[team.name] = method
-    if "REGISTRY" in globals():  # a method package imported after the registry loaded (a user's own)
-        REGISTRY[team.name], METHODS[team.name] = method, team
     for card in sorted(folder.glob(f"adapters/*/{ADAPTER_CARD}")):  # the trained adapters it ships
         register_adapter(card.parent, team.name)
     return method

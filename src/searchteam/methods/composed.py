@@ -33,8 +33,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+import searchteam.methods as methods
 from searchteam.errors import ConfigError
-from searchteam.methods import REGISTRY, Method, TrainingModels, build_reward_scheme, get_method, get_team
+from searchteam.methods import Method, TrainingModels, build_reward_scheme, get_method, get_team
 from searchteam.rewards.base import RewardOptions, RewardScheme, RewardSpec, clear, record
 from searchteam.runtime.context import Context
 from searchteam.teams.base import Team, TeamSettings
@@ -166,7 +167,7 @@ def check_parts(spec: TeamFile, path: Path) -> tuple[str, ...]:
     for place, part in placed:
         team = get_method(part.method).team
         if not team.plays(place):
-            can = ", ".join(n for n, m in REGISTRY.items() if m.team.plays(place))
+            can = ", ".join(n for n, m in methods.REGISTRY.items() if m.team.plays(place))
             raise ConfigError(f"team file {path}: {part.method} cannot be a {place}; those that can: {can}")
         for role in team.roles_as(place):
             if role in roles:
