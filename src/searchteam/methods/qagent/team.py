@@ -139,24 +139,23 @@ class QAgent(Team):
         self.frozen_generator = self.options.frozen_generator
 
     async def run(self, q: Question, ctx: Context) -> str:
-        found, agent_answer, transcript, messages = await self._search_rounds(q, ctx)
         if self.mode == "submodule":
-            if agent_answer is not None:
-                QAgentRecord(agent_answer=agent_answer).write(ctx.episode)
-            return await self._generate(q, found, ctx)  # line 20: Â = G(q, K)
+            return await self.read(q, ctx, await self.gather(q, ctx))  # line 20: Â = G(q, K)
+        _, agent_answer, transcript, messages = await self._search_rounds(q, ctx)
         if agent_answer is None:
             agent_answer = await transcript.force_answer(ctx, "agent", messages, max_new_tokens=ANSWER_TOKENS)
         return agent_answer
 
     async def gather(self, q: Question, ctx: Context) -> list[Passage]:
-        """The search module of §3.4-3.5 in front of another method's reader: the passage set K."""
+        """The search module of §3.4-3.5 (in front of its own generator or another method's reader): the
+        passage set K; the agent's own answer, if any, is kept for the Hit term of Eq. 10."""
         found, agent_answer, _, _ = await self._search_rounds(q, ctx)
         if agent_answer is not None:
             QAgentRecord(agent_answer=agent_answer).write(ctx.episode)
         return found
 
     async def read(self, q: Question, ctx: Context, passages: list[Passage]) -> str:
-        """The generator G(q, K) of Eq. 9 on another method's passages."""
+        """The generator G(q, K) of Eq. 9, on its agent's passages or another method's."""
         return await self._generate(q, passages, ctx)
 
     async def _search_rounds(
