@@ -8,7 +8,7 @@ accepted wherever a method name is (`--method path/team.yaml`, or its name when 
       - method: search_r1
         new_passages_only: true   # its searches leave out what the gatherers before it found
         max_turns: 2
-        options: {first_search: model}
+        options: {action_tokens: 128}
     merge: {k: 10}                # their evidence in order, deduplicated, the first k
     reader: {method: naive_rag}   # a method that can read given passages (`Team.plays`)
     role_models: {answer: qwen2.5-coder-0.5b-naive_rag}   # each role's model; a run's role_models win
