@@ -47,16 +47,10 @@ TEAM_FOLDERS_ENV = "SEARCHTEAM_TEAMS"  # extra folders of team files, separated 
 REPOSITORY_TEAMS = Path(__file__).resolve().parents[3] / "examples" / "teams" / "composed"
 
 
-class PartSpec(BaseModel):
+class PartSpec(TeamSettings):
     """One part: a registered method and the settings it runs with (unset: its paper's)."""
 
-    model_config = ConfigDict(extra="forbid")
-
     method: str
-    top_k: int | None = Field(None, ge=1, le=100)
-    max_turns: int | None = Field(None, ge=1, le=32)
-    new_passages_only: bool = False
-    options: dict[str, Any] = Field(default_factory=dict)
 
     def settings(self) -> TeamSettings:
         return TeamSettings(**self.model_dump(exclude={"method"}))
@@ -103,11 +97,10 @@ class ComposedTeam(Team):
 
     def __init__(self, settings: TeamSettings | None = None) -> None:
         given = settings or TeamSettings()
-        unused = [name for name in ("top_k", "max_turns", "options") if getattr(given, name)]
-        if unused or given.new_passages_only:
+        unused = [name for name in TeamSettings.model_fields if getattr(given, name)]
+        if unused:
             raise ConfigError(
-                f"{self.name} is a composed team: set {(unused or ['new_passages_only'])[0]} per part in "
-                f"{self.path}, not for the run"
+                f"{self.name} is a composed team: set {unused[0]} per part in {self.path}, not for the run"
             )
         self.settings = given
         self.options = self.Options()
