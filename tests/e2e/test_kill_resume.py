@@ -62,15 +62,18 @@ def complete_lines(path: Path) -> int:
 
 @pytest.fixture
 def chat_server() -> Iterator[tuple[str, dict[str, Any]]]:
-    """A fake OpenAI-compatible server: answer N for question N unless N is a multiple of 3, after `delay`."""
+    """A fake OpenAI-compatible server: answer N for question N unless N is a multiple of 3, after `delay`.
+    Calls are served one at a time, so a client that sends several at once still gets one reply per delay."""
     fastapi_app = FastAPI()
     state: dict[str, Any] = {"delay": 0.0, "calls": 0}
+    one_at_a_time = asyncio.Lock()
 
     @fastapi_app.post("/v1/chat/completions")
     async def complete(request: Request) -> dict[str, Any]:
         body = await request.json()
         state["calls"] += 1
-        await asyncio.sleep(state["delay"])
+        async with one_at_a_time:
+            await asyncio.sleep(state["delay"])
         asked = " ".join(m["content"] for m in body["messages"] if m["role"] == "user")
         n = int(re.findall(r"answer number (\d+)", asked)[-1])
         reply = f"answer {n}</answer>" if n % 3 else "no idea</answer>"
