@@ -40,10 +40,11 @@ def roles_of(example: Path) -> set[str]:
     return set(get_method(str(example)).team.roles)
 
 
-def test_the_three_examples_ship_and_are_listed():
+def test_the_examples_ship_and_are_listed():
     assert [p.stem for p in EXAMPLES] == [
         "qagent-search+dac-generator",
         "search_r1+naive_rag-reader",
+        "search_r1-from-top5",
         "top5+search_r1-new",
     ]
     listing = invoke("methods", "--json")
@@ -96,14 +97,15 @@ def test_a_train_step_trains_the_gatherer_and_not_the_reader(tmp_path: Path, exa
     assert record["samples/agent"] >= 2 and f"samples/{reader}" not in record
 
 
-def test_the_gatherer_recipe_plans_on_unsampled_train_lines() -> None:
+@pytest.mark.parametrize("team", ["top5+search_r1-new", "search_r1-from-top5"])
+def test_the_gatherer_recipes_plan_on_unsampled_train_lines(team: str) -> None:
     from searchteam.train.config import load_train_run_config, plan_training, training_questions
 
-    recipe = REPOSITORY_TEAMS / "recipes" / "top5+search_r1-new-gatherer-qwen0.5b-cpu.yaml"
+    recipe = REPOSITORY_TEAMS / "recipes" / f"{team}-gatherer-qwen0.5b-cpu.yaml"
     cfg = load_train_run_config(recipe, {})
     plan = plan_training(cfg)  # everything that can fail before a model loads
-    assert plan.team.name == "top5+search_r1-new" and cfg.role_models == {
-        "answer": "qwen2.5-coder-0.5b-naive_rag"
-    }
+    assert plan.team.name == team and cfg.role_models == {"answer": "qwen2.5-coder-0.5b-naive_rag"}
     questions = training_questions(cfg)
     assert len(questions) == 454 and {q.dataset for q in questions} == {"hotpotqa", "2wikimultihopqa"}
+    hinted = plan.warm[1].privileged_options() if plan.warm else []
+    assert hinted == (["search_r1.bridge_hint"] if team == "search_r1-from-top5" else [])

@@ -19,6 +19,7 @@ from searchteam.methods import build_reward_scheme, get_method, get_team
 from searchteam.methods.composed import ComposedRecord, PartRecord
 from searchteam.runtime import Sampling, make_backends, run_episodes
 from searchteam.teams import TeamSettings
+from searchteam.train.config import refuse_warm_start_only
 from searchteam.types import Episode, Question, Retrieval
 from tests.support.helpers import PASSAGES, TinyRetriever
 from tests.support.reward_episodes import episode, question, retrieval, turn
@@ -130,6 +131,34 @@ def test_a_composed_team_refuses_run_level_part_settings(tmp_path):
     path = team_file(tmp_path, TOP2_THEN_SEARCH_R1)
     with pytest.raises(ConfigError, match=r"set top_k per part in .*team\.yaml, not for the run"):
         get_team(str(path), TeamSettings(top_k=3))
+
+
+def test_run_options_reach_a_part_by_its_method_over_the_files_options(tmp_path):
+    path = team_file(
+        tmp_path, TOP2_THEN_SEARCH_R1.replace("max_turns: 2}", "max_turns: 2, options: {action_tokens: 9}}")
+    )
+    settings = TeamSettings(options={"search_r1": {"first_search": "question"}})
+    team = get_team(str(path), settings)
+    agent = team.gatherers[1]
+    assert (agent.options.action_tokens, agent.options.first_search) == (9, "question")
+    assert team.privileged_options() == []
+
+
+@pytest.mark.parametrize("options", [{"dac": {"hard_positives": False}}, {"search_r1": "question"}])
+def test_run_options_not_by_part_are_refused(tmp_path, options):
+    path = team_file(tmp_path, TOP2_THEN_SEARCH_R1)
+    with pytest.raises(ConfigError, match=r"composed team's options are by part.*naive_rag, search_r1"):
+        get_team(str(path), TeamSettings(options=options))
+
+
+def test_a_parts_privileged_option_is_refused_outside_a_warm_start(tmp_path):
+    path = team_file(tmp_path, TOP2_THEN_SEARCH_R1)
+    team = get_team(str(path), TeamSettings(options={"search_r1": {"bridge_hint": True}}))
+    assert team.privileged_options() == ["search_r1.bridge_hint"]
+    with pytest.raises(
+        ConfigError, match=r"options.search_r1.bridge_hint is for a warm start's sampling only"
+    ):
+        refuse_warm_start_only(team)
 
 
 def test_a_team_file_in_a_known_folder_is_found_by_its_name(tmp_path, monkeypatch):

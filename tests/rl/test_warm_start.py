@@ -26,6 +26,7 @@ from searchteam.rl.warm_start.data import (
     role_returns,
     round_stats,
     support_recall,
+    titles_added,
 )
 from searchteam.train.plot import plot_run
 from searchteam.types import Episode, Passage, Question, Retrieval, Turn
@@ -95,6 +96,21 @@ def test_support_recall_keeps_episodes_whose_searches_found_the_supporting_title
     assert not keep(searched(["Paris"], None), 1.0, recall)  # no supporting titles: nothing to check it by
     assert keep(half, 0.6, WARM)  # unset: the answer alone decides
     assert round_stats([both, half], [0.0, 1.0], [True, False])["support_recall/sampled"] == 0.75
+
+
+def test_titles_added_keeps_episodes_whose_later_searches_found_what_the_first_lacked() -> None:
+    # the first search returns the first title; the second search returns the rest
+    second_hop = searched(["Paris", "x", "France"], ["France", "Paris"])
+    repeated = searched(["Paris", "Paris", "x"], ["France", "Paris"])
+    first_had_both = searched(["Paris", "France"], ["Paris"])
+    assert [titles_added(e) for e in (second_hop, repeated, first_had_both)] == [1, 0, 0]
+    assert titles_added(searched(["Paris"], None)) is None
+    assert titles_added(make_episode("Paris").model_copy(update={"question": second_hop.question})) == 0
+    hop = WARM.model_copy(update={"min_f1": 0.0, "min_titles_added": 1})
+    assert keep(second_hop, 0.0, hop) and not keep(repeated, 1.0, hop) and not keep(first_had_both, 1.0, hop)
+    assert not keep(searched(["Paris", "France"], None), 1.0, hop)  # no supporting titles
+    stats = round_stats([second_hop, repeated, searched(["Paris"], None)], [0.0] * 3, [True, False, False])
+    assert stats["titles_added/sampled"] == 0.5  # of the two questions with supporting titles
 
 
 BY_ROLE = WarmStartConfig(keep_by="role_reward", min_role_reward=1.0)

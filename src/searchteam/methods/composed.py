@@ -52,8 +52,10 @@ class PartSpec(TeamSettings):
 
     method: str
 
-    def settings(self) -> TeamSettings:
-        return TeamSettings(**self.model_dump(exclude={"method"}))
+    def settings(self, options: dict[str, Any] | None = None) -> TeamSettings:
+        """Its settings, with `options` (a run's, for this part) over the file's."""
+        settings = TeamSettings(**self.model_dump(exclude={"method"}))
+        return settings.model_copy(update={"options": {**settings.options, **(options or {})}})
 
 
 class MergeSpec(BaseModel):
@@ -97,7 +99,7 @@ class ComposedTeam(Team):
 
     def __init__(self, settings: TeamSettings | None = None) -> None:
         given = settings or TeamSettings()
-        unused = [name for name in TeamSettings.model_fields if getattr(given, name)]
+        unused = [name for name in TeamSettings.model_fields if name != "options" and getattr(given, name)]
         if unused:
             raise ConfigError(
                 f"{self.name} is a composed team: set {unused[0]} per part in {self.path}, not for the run"
@@ -105,8 +107,15 @@ class ComposedTeam(Team):
         self.settings = given
         self.options = self.Options()
         self.prompts = {}
-        self.gatherers = [get_team(part.method, part.settings()) for part in self.spec.gatherers]
-        self.reader = get_team(self.spec.reader.method, self.spec.reader.settings())
+        check_part_options(given.options, self.spec, self.path)
+        self.gatherers = [self.part(p) for p in self.spec.gatherers]
+        self.reader = self.part(self.spec.reader)
+
+    def part(self, spec: PartSpec) -> Team:
+        return get_team(spec.method, spec.settings(self.settings.options.get(spec.method)))
+
+    def privileged_options(self) -> list[str]:
+        return [f"{t.name}.{name}" for t in (*self.gatherers, self.reader) for name in t.privileged_options()]
 
     async def run(self, q: Question, ctx: Context) -> str:
         parts, evidence = [], []
@@ -127,6 +136,18 @@ class ComposedTeam(Team):
 
     def example_answers(self) -> frozenset[str]:
         return self.reader.example_answers()
+
+
+def check_part_options(options: dict[str, Any], spec: TeamFile, path: Path) -> None:
+    """A run's options of a composed team are by part, `{method: {option: value}}`, each over that part's file
+    options (e.g. a warm start's `{search_r1: {bridge_hint: true}}`)."""
+    parts = {p.method for p in (*spec.gatherers, spec.reader)}
+    for method, given in options.items():
+        if method not in parts or not isinstance(given, dict):
+            raise ConfigError(
+                f"options.{method}: a composed team's options are by part, {{method: {{option: value}}}}, "
+                f"for its parts {', '.join(sorted(parts))} ({path})"
+            )
 
 
 def part_record(

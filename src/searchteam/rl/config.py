@@ -74,6 +74,13 @@ class WarmStartConfig(BaseModel):
         description="also keep only episodes whose retrieved passages cover this share of the question's "
         "supporting_titles (a searcher's recall; questions without them are never kept); unset: no check",
     )
+    min_titles_added: int | None = Field(
+        None,
+        ge=1,
+        description="also keep only episodes whose later searches returned at least this many supporting "
+        "titles that the first search did not (a searcher's second hop; questions without supporting_titles "
+        "are never kept); unset: no check",
+    )
     teacher: str | None = Field(
         None, description="model whose traces are kept (e.g. qwen2.5-coder-0.5b); default: the policy"
     )

@@ -121,6 +121,10 @@ class Team(ABC):
             return cls.gather is not Team.gather
         return cls.read is not Team.read
 
+    def privileged_options(self) -> list[str]:
+        """The `warm_start_only` options this team runs with turned on."""
+        return [name for name in self.warm_start_only if getattr(self.options, name)]
+
     @classmethod
     def roles_as(cls, place: str) -> tuple[str, ...]:
         """The roles it calls as a composed team's `gatherer` or `reader`."""

@@ -225,11 +225,11 @@ class TrainingPlan:
 
 def refuse_warm_start_only(team: Team) -> None:
     """Refuse RL rollouts with an option that writes the policy's actions from privileged data."""
-    for name in team.warm_start_only:
-        if getattr(team.options, name):
-            raise ConfigError(
-                f"options.{name} is for a warm start's sampling only: set it under warm_start.options"
-            )
+    privileged = team.privileged_options()
+    if privileged:
+        raise ConfigError(
+            f"options.{privileged[0]} is for a warm start's sampling only: set it under warm_start.options"
+        )
 
 
 def plan_training(cfg: TrainRunConfig) -> TrainingPlan:

@@ -57,18 +57,37 @@ def support_recall(episode: Episode) -> float | None:
     return len(titles & found) / len(titles)
 
 
+def titles_added(episode: Episode) -> int | None:
+    """How many of the question's supporting titles the episode's later searches returned that its first
+    search did not (a second hop's find); None for a question without supporting titles."""
+    titles = set(episode.question.meta.get("supporting_titles") or [])
+    if not titles:
+        return None
+    first, *later = episode.retrievals or [None]
+    seen = {p.title for p in first.passages} if first else set()
+    found = {p.title for r in later for p in r.passages}
+    return len((titles & found) - seen)
+
+
 def keep(episode: Episode, score: float, config: WarmStartConfig, roles: Iterable[str] | None = None) -> bool:
     """Rejection sampling's filter: a finished episode with a correct enough answer (F1 ≥ min_f1) whose
     policy turns all parsed (unless `require_parsed` is off), and with at least one policy turn; with
-    `min_support_recall`, its searches must also have found that share of the supporting titles."""
+    `min_support_recall`, its searches must also have found that share of the supporting titles, and with
+    `min_titles_added`, its later searches that many supporting titles its first search lacked."""
     turns = policy_turns(episode, roles)
     if episode.error or not turns or score < config.min_f1:
         return False
-    if config.min_support_recall is not None:
-        recall = support_recall(episode)
-        if recall is None or recall < config.min_support_recall:
-            return False
+    if not reaches(support_recall(episode), config.min_support_recall):
+        return False
+    if not reaches(titles_added(episode), config.min_titles_added):
+        return False
     return not config.require_parsed or all(t.parsed_ok for t in turns)
+
+
+def reaches(value: float | None, minimum: float | None) -> bool:
+    """Whether a supporting-title check passes: no minimum set, or a value (the question has supporting
+    titles) at least the minimum."""
+    return minimum is None or (value is not None and value >= minimum)
 
 
 def role_returns(episode: Episode, roles: Iterable[str] | None = None) -> dict[str, float]:
@@ -113,6 +132,8 @@ def round_stats(
     recalls = [r for r in map(support_recall, episodes) if r is not None]
     if recalls:
         stats["support_recall/sampled"] = float(np.mean(recalls))
+        added = [a for a in map(titles_added, episodes) if a is not None]
+        stats["titles_added/sampled"] = float(np.mean([a > 0 for a in added]))
     errors: dict[str, list[bool]] = defaultdict(list)
     lengths: dict[str, list[int]] = defaultdict(list)
     for episode in episodes:
