@@ -13,6 +13,9 @@ accepted wherever a method name is (`--method path/team.yaml`, or its name when 
     reader: {method: naive_rag}   # a method that can read given passages (`Team.plays`)
     role_models: {answer: qwen2.5-coder-0.5b-naive_rag}   # each role's model; a run's role_models win
 
+A run sets no part's top_k, max_turns or new_passages_only; its `options` are by part, `{method: {option:
+value}}`, over the file's (a warm start's `{search_r1: {bridge_hint: true}}`).
+
 A composed episode is one Episode holding every part's turns under the parts' own role names (two parts
 that call the same role are refused) and every gatherer's retrievals; `episode.meta["parts"]` records what
 each part found (`PartRecord`) and `episode.meta["evidence"]` the merged passage ids the reader read.
