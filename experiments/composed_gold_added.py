@@ -1,6 +1,6 @@
 """How often a composed team's gatherers added a gold passage that the question's own top-k lacked.
 
-For each question of a composed team's eval run, a passage is gold when its title is one of the question's
+For each question (dev or train) of a composed team's eval run, a passage is gold when its title is one of the question's
 `supporting_titles`. The question's top-k is naive RAG's retrieval in NAIVE_RUN (the same retriever and
 question, so the same passages). Counted per run: questions where a gatherer that calls a model handed over a
 gold passage whose title the top-k lacked; and questions whose reader saw every supporting title, against
@@ -38,7 +38,8 @@ def main() -> None:
     args = parser.parse_args()
     naive = rows(args.naive_run)
     runs = {run: rows(run) for run in args.runs}
-    gold = {q.id: set(q.meta.get("supporting_titles") or []) for q in load_benchmark(None, "dev")}
+    questions = [q for split in ("dev", "train") for q in load_benchmark(None, split)]
+    gold = {q.id: set(q.meta.get("supporting_titles") or []) for q in questions}
     wanted = {i for row in naive.values() for s in row["searches"] for i in s["ids"]}
     for by_id in runs.values():
         for row in by_id.values():
