@@ -207,6 +207,15 @@ def test_resume_continues_exactly(tokenizer, tmp_path: Path):
     assert len((tmp_path / "a" / "rollouts.jsonl").read_text().splitlines()) == 8  # and the traces too
 
 
+def test_resume_in_a_new_run_folder_starts_at_step_0(tokenizer, tmp_path: Path):
+    cfg = config(steps=1, save_every=1)
+    policy = build_policy(tiny_model(tokenizer), tokenizer, cfg)
+    trainer = Trainer(policy, scripted_rollout(tokenizer), random_reward, cfg, tmp_path / "new")
+    assert trainer.resume() == 0  # `train --resume` in a job script that may run again
+    (record,) = trainer.train()
+    assert record["step"] == 1 and [p.name for p in list_checkpoints(tmp_path / "new")] == ["step-000001"]
+
+
 def test_per_role_lora_adapters_are_distinct(tokenizer, tmp_path: Path):
     cfg = config(
         steps=1,

@@ -34,7 +34,7 @@ from searchteam.rl.checkpoints import (
     prune_checkpoints,
     save_checkpoint,
 )
-from searchteam.rl.config import CHECKPOINTS, TrainConfig
+from searchteam.rl.config import TrainConfig
 from searchteam.rl.distributed import check_distributed, make_accelerator, slowest, sum_over_ranks, untracked
 from searchteam.rl.experience import Render, Sample, samples_from_episodes
 from searchteam.rl.policy import Policy
@@ -229,10 +229,6 @@ class Trainer:
         return WarmStartLoop(self.warm_start, self.updater, self.log, self.config, self.run_dir).run()
 
     @property
-    def checkpoint_root(self) -> Path:
-        return self.run_dir / CHECKPOINTS
-
-    @property
     def log_path(self) -> Path:
         return self.log.path
 
@@ -255,15 +251,14 @@ class Trainer:
     def resume(self, checkpoint: Path | None = None) -> int:
         """Restore a checkpoint (default: the newest in this run) and return its step. The log of this run
         directory is cut back to that step, so a resumed run's log reads as one uninterrupted run. A run
-        killed during its warm start has no checkpoint yet: it resumes at step 0, and `train` continues
-        the warm start after its last finished round (from the round's saved samples when it had them)."""
+        with no checkpoint yet (new, or killed before its first) resumes at step 0; one killed during its
+        warm start continues it after its last finished round (from the round's saved samples when it had
+        them)."""
         if checkpoint is None:
             found = list_checkpoints(self.run_dir)
-            if not found and self.warm_start is not None and ws.has_progress(self.run_dir):
+            if not found:
                 self.log.cut_back(0)  # RL steps logged before any checkpoint are run again
                 return 0
-            if not found:
-                raise FileNotFoundError(f"no checkpoint to resume from under {self.checkpoint_root}")
             checkpoint = found[-1]
         policy = self.accelerator.unwrap_model(self.model)
         self.step = load_checkpoint(Path(checkpoint), policy, self.optimizer, self.scheduler)
