@@ -41,7 +41,7 @@ def ship(checkpoint: Path, name: str, into: Path | None = None) -> Path:
                 f"{checkpoint} is not in a run folder (no config.yaml two levels up): name the folder to "
                 "write to with --into"
             )
-        into = get_method(str(run.get("method"))).folder / "adapters"
+        into = adapters_folder(run)
     target = into / name  # by default the source tree under the editable install
     shutil.rmtree(target, ignore_errors=True)
     for config in configs:
@@ -54,6 +54,25 @@ def ship(checkpoint: Path, name: str, into: Path | None = None) -> Path:
         card = {"base": run.get("model"), "recipe": run.get("recipe") or "", "description": ""}
         (target / ADAPTER_CARD).write_text(yaml.safe_dump(card, sort_keys=False), encoding="utf-8")
     return target
+
+
+def adapters_folder(run: dict[str, Any]) -> Path:
+    """Where a run's adapter ships, so `--model NAME` finds it: its method's adapters folder; for a composed
+    team, that of the method of the part it trained (`reward.train`)."""
+    method = get_method(str(run.get("method")))
+    spec = getattr(method.team, "spec", None)
+    if spec is None:
+        return method.folder / "adapters"
+    from searchteam.methods.composed import trained_parts
+
+    train = (run.get("reward") or {}).get("train", "")
+    trained = sorted({part.method for part in trained_parts(spec, train)[1]})
+    if len(trained) != 1:
+        raise ShipError(
+            f"{method.name} trained {' and '.join(trained) or 'no part'}: name the method folder's adapters "
+            "folder to write to with --into (src/searchteam/methods/METHOD/adapters)"
+        )
+    return get_method(trained[0]).folder / "adapters"
 
 
 def run_config(checkpoint: Path) -> dict[str, Any] | None:

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from searchteam.errors import ConfigError
+from searchteam.errors import ConfigError, ShipError
 from searchteam.llm.base import GenerationRequest
 from searchteam.llm.scripted import ScriptedLLM
 from searchteam.methods import build_reward_scheme, get_method, get_team
 from searchteam.methods.composed import ComposedRecord, PartRecord
 from searchteam.runtime import Sampling, make_backends, run_episodes
+from searchteam.ship import adapters_folder
 from searchteam.teams import TeamSettings
 from searchteam.train.config import refuse_warm_start_only
 from searchteam.types import Episode, Question, Retrieval
@@ -159,6 +160,22 @@ def test_a_parts_privileged_option_is_refused_outside_a_warm_start(tmp_path):
         ConfigError, match=r"options.search_r1.bridge_hint is for a warm start's sampling only"
     ):
         refuse_warm_start_only(team)
+
+
+def test_a_composed_runs_adapter_ships_to_its_trained_parts_method(tmp_path):
+    path = team_file(tmp_path, TOP2_THEN_SEARCH_R1)
+    gatherer = {"method": str(path), "reward": {"train": "gatherers"}}
+    assert adapters_folder(gatherer) == get_method("search_r1").folder / "adapters"
+    assert (
+        adapters_folder({**gatherer, "reward": {"train": "reader"}})
+        == get_method("naive_rag").folder / "adapters"
+    )
+    assert adapters_folder({"method": "dac"}) == get_method("dac").folder / "adapters"
+    two = team_file(
+        tmp_path, "gatherers: [{method: dac}, {method: search_r1}]\nreader: {method: naive_rag}", "two"
+    )
+    with pytest.raises(ShipError, match="two trained dac and search_r1: name .* with --into"):
+        adapters_folder({"method": str(two), "reward": {"train": "gatherers"}})
 
 
 def test_a_team_file_in_a_known_folder_is_found_by_its_name(tmp_path, monkeypatch):

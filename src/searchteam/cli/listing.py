@@ -46,7 +46,10 @@ def ship_adapter(
     name: Annotated[str, typer.Argument(help="The name it is selected by (--model NAME).")],
     into: Annotated[
         Path | None,
-        typer.Option(help="Folder to write it under (default: the adapters/ folder of the run's method)."),
+        typer.Option(
+            help="Folder to write it under (default: the adapters/ folder of the run's method; for a "
+            "composed team, of its trained part's method)."
+        ),
     ] = None,
 ) -> None:
     """Copy a training checkpoint's LoRA adapters (fp16) into the package as a named trained adapter, with
