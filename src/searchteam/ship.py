@@ -69,8 +69,8 @@ def adapters_folder(run: dict[str, Any]) -> Path:
     trained = sorted({part.method for part in trained_parts(spec, train)[1]})
     if len(trained) != 1:
         raise ShipError(
-            f"{method.name} trained {' and '.join(trained) or 'no part'}: name the method folder's adapters "
-            "folder to write to with --into (src/searchteam/methods/METHOD/adapters)"
+            f"{method.name} trained {' and '.join(trained) or 'no part'}: say where the adapter goes with "
+            "--into (e.g. src/searchteam/methods/METHOD/adapters)"
         )
     return get_method(trained[0]).folder / "adapters"
 

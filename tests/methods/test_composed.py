@@ -174,7 +174,9 @@ def test_a_composed_runs_adapter_ships_to_its_trained_parts_method(tmp_path):
     two = team_file(
         tmp_path, "gatherers: [{method: dac}, {method: search_r1}]\nreader: {method: naive_rag}", "two"
     )
-    with pytest.raises(ShipError, match="two trained dac and search_r1: name .* with --into"):
+    with pytest.raises(
+        ShipError, match="two trained dac and search_r1: say where the adapter goes with --into"
+    ):
         adapters_folder({"method": str(two), "reward": {"train": "gatherers"}})
 
 

@@ -243,6 +243,18 @@ def test_the_warm_start_rolls_out_with_its_own_team_options():
         build_team(warm_start_run_config(typo))
 
 
+def test_a_composed_teams_warm_start_options_merge_per_part():
+    from searchteam.train.config import options_over
+
+    run = {"search_r1": {"action_tokens": 64, "first_search": "question"}, "naive_rag": {"x": 1}}
+    over = {"search_r1": {"bridge_hint": True, "action_tokens": 32}}
+    assert options_over(run, over) == {
+        "search_r1": {"action_tokens": 32, "first_search": "question", "bridge_hint": True},
+        "naive_rag": {"x": 1},
+    }
+    assert options_over({"hard_positives": True}, {"hard_positives": False}) == {"hard_positives": False}
+
+
 def test_the_qagent_reader_recipe_trains_only_an_unfrozen_generator():
     from searchteam.factory import build_team
 

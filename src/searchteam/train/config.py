@@ -187,9 +187,18 @@ def warm_start_run_config(cfg: TrainRunConfig) -> TrainRunConfig:
             "group_size": ws.samples_per_question,
             "questions_per_step": ws.questions_per_round,
             "temperature": ws.temperature,
-            "options": {**cfg.options, **ws.options},
+            "options": options_over(cfg.options, ws.options),
         }
     )
+
+
+def options_over(run: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Team options `over` a run's; a composed team's options by part merge per part."""
+    merged = dict(run)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(run.get(key), dict)
+        merged[key] = {**run[key], **value} if both else value
+    return merged
 
 
 def check_shardable(cfg: TrainRunConfig, world: int) -> None:
