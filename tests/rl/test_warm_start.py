@@ -21,6 +21,7 @@ from searchteam.rl.warm_start.data import (
     finished_rounds,
     keep,
     keep_by_role,
+    kept_turn_counts,
     likelihood_samples,
     read_kept,
     role_returns,
@@ -96,6 +97,15 @@ def test_support_recall_keeps_episodes_whose_searches_found_the_supporting_title
     assert not keep(searched(["Paris"], None), 1.0, recall)  # no supporting titles: nothing to check it by
     assert keep(half, 0.6, WARM)  # unset: the answer alone decides
     assert round_stats([both, half], [0.0, 1.0], [True, False])["support_recall/sampled"] == 0.75
+
+
+def test_kept_turns_count_the_policy_turns_a_round_fine_tunes() -> None:
+    read_by_another_model = make_episode("Paris")
+    read_by_another_model.turns[1].model = "qwen2.5-coder-1.5b"  # a frozen reader on its own engine
+    assert kept_turn_counts([make_episode("Paris"), read_by_another_model]) == {
+        "kept_turns/plan": 2,
+        "kept_turns/answer": 1,
+    }
 
 
 def test_titles_added_keeps_episodes_whose_later_searches_found_what_the_first_lacked() -> None:

@@ -118,6 +118,16 @@ def keep_by_role(
     return episode.model_copy(update={"turns": [t for t in turns if t.role in kept]})
 
 
+def kept_turn_counts(kept: list[Episode], roles: Iterable[str] | None = None) -> dict[str, float]:
+    """`kept_turns/ROLE`: the policy turns of the kept episodes by role, the turns the round fine-tunes (a
+    frozen reader's turns in the same episodes are not counted)."""
+    counts: dict[str, float] = defaultdict(float)
+    for episode in kept:
+        for turn in policy_turns(episode, roles):
+            counts[f"kept_turns/{turn.role}"] += 1
+    return dict(counts)
+
+
 def round_stats(
     episodes: list[Episode], scores: list[float], kept: list[bool], roles: Iterable[str] | None = None
 ) -> dict[str, float]:

@@ -10,7 +10,7 @@ What to keep, the samples and the stage's files are the package's (`searchteam.r
 from __future__ import annotations
 
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +59,7 @@ class WarmStartLoop:
             new = [e for e in new if e is not None]
             collected = time.perf_counter()
             record = {"round": round_index, **ws.round_stats(episodes, scores, kept, roles)}
-            for role, count in Counter(t.role for e in new for t in e.turns).items():
-                record[f"kept_turns/{role}"] = float(count)
+            record |= ws.kept_turn_counts(new, roles)
             dataset += new
             record |= self._fine_tune(dataset, optimizer, round_index)
             record |= {"time/rollout": collected - start, "time/update": time.perf_counter() - collected}
