@@ -1,10 +1,10 @@
 """How often a composed team's gatherers added a gold passage that the question's own top-k lacked.
 
-For each question (dev or train) of a composed team's eval run, a passage is gold when its title is one of the question's
-`supporting_titles`. The question's top-k is naive RAG's retrieval in NAIVE_RUN (the same retriever and
-question, so the same passages). Counted per run: questions where a gatherer that calls a model handed over a
-gold passage whose title the top-k lacked; and questions whose reader saw every supporting title, against
-naive RAG's top-k.
+For each question (dev or train) of a composed team's eval run, a passage is gold when its title is one of the
+question's `supporting_titles`. The question's top-k is naive RAG's retrieval in NAIVE_RUN (the same
+retriever and question, so the same passages). Counted per run: questions where a gatherer that calls a
+model handed over a gold passage whose title the top-k lacked; and questions whose reader saw every
+supporting title, against naive RAG's top-k.
 
     python experiments/composed_gold_added.py NAIVE_RUN RUN [RUN ...]
 """

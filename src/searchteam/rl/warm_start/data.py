@@ -195,13 +195,6 @@ def finished_rounds(run_dir: Path) -> int:
     return max(found, default=0)
 
 
-def has_progress(run_dir: Path) -> bool:
-    """Whether a warm start in `run_dir` finished a round or saved any of a round's samples: something to
-    resume."""
-    sampled = any(warm_dir(run_dir).glob("sampling-*.jsonl"))
-    return finished_rounds(run_dir) > 0 or any(warm_dir(run_dir).glob(COLLECTED)) or sampled
-
-
 def collected_path(run_dir: Path, round_index: int) -> Path:
     return warm_dir(run_dir) / COLLECTED.replace("*", f"{round_index:02d}")
 
