@@ -42,12 +42,12 @@ def load_run_config(
 
 def with_run_defaults(data: dict[str, Any], schema: type[RunConfig]) -> dict[str, Any]:
     """`data` completed with the run settings its model and its method bring: those of the trained adapter
-    it names as `model`, when it runs that adapter's method; those of a composed team's file (its
-    `role_models`, `max_new_tokens_per_role`). A field the run leaves unset takes their value; a dict merges
-    key by key, the run's keys winning."""
+    it names as `model`, when it runs that adapter's method (for a composed team's part, that team); those of
+    a composed team's file (its `role_models`, `max_new_tokens_per_role`). A field the run leaves unset takes
+    their value; a dict merges key by key, the run's keys winning."""
     method = data.get("method", schema.model_fields["method"].default)
     trained = TRAINED.get(str(data.get("model")))
-    if trained is not None and method == trained.method:
+    if trained is not None and method == (trained.team or trained.method):
         data = under(data, trained.run_settings)
     return under(data, get_method(str(method)).run_settings)
 

@@ -1,7 +1,7 @@
 """`searchteam ship-adapter`: copy the LoRA adapters of a `searchteam train` checkpoint into the package as a
 named trained adapter (`methods/METHOD/adapters/NAME/`, which `--model NAME` selects), with fp16 weights:
 half the size, and LoRA's low-rank factors lose nothing that matters to int8 or bf16 inference. Its card
-(`adapter.yaml`: base, recipe, description) comes from the run's config.
+(`adapter.yaml`: base, recipe, description; for a composed team's part, its team) comes from the run's config.
 
     searchteam ship-adapter runs/i10/jade-ws/warm_start/round-01 qwen2.5-coder-0.5b-jade
 """
@@ -52,6 +52,8 @@ def ship(checkpoint: Path, name: str, into: Path | None = None) -> Path:
         save_file({k: v.to(torch.float16) for k, v in weights.items()}, role / "adapter_model.safetensors")
     if run is not None:
         card = {"base": run.get("model"), "recipe": run.get("recipe") or "", "description": ""}
+        if composed_spec(run) is not None:  # its runs of that team take the card's run settings
+            card["team"] = run.get("method")
         (target / ADAPTER_CARD).write_text(yaml.safe_dump(card, sort_keys=False), encoding="utf-8")
     return target
 
@@ -59,20 +61,24 @@ def ship(checkpoint: Path, name: str, into: Path | None = None) -> Path:
 def adapters_folder(run: dict[str, Any]) -> Path:
     """Where a run's adapter ships, so `--model NAME` finds it: its method's adapters folder; for a composed
     team, that of the method of the part it trained (`reward.train`)."""
-    method = get_method(str(run.get("method")))
-    spec = getattr(method.team, "spec", None)
+    spec = composed_spec(run)
     if spec is None:
-        return method.folder / "adapters"
+        return get_method(str(run.get("method"))).folder / "adapters"
     from searchteam.methods.composed import trained_parts
 
     train = (run.get("reward") or {}).get("train", "")
     trained = sorted({part.method for part in trained_parts(spec, train)[1]})
     if len(trained) != 1:
         raise ShipError(
-            f"{method.name} trained {' and '.join(trained) or 'no part'}: say where the adapter goes with "
-            "--into (e.g. src/searchteam/methods/METHOD/adapters)"
+            f"{run.get('method')} trained {' and '.join(trained) or 'no part'}: say where the adapter goes "
+            "with --into (e.g. src/searchteam/methods/METHOD/adapters)"
         )
     return get_method(trained[0]).folder / "adapters"
+
+
+def composed_spec(run: dict[str, Any]) -> Any:
+    """The composed team file a run's method is, or None for a paper's method."""
+    return getattr(get_method(str(run.get("method"))).team, "spec", None)
 
 
 def run_config(checkpoint: Path) -> dict[str, Any] | None:

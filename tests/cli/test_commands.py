@@ -317,6 +317,15 @@ def test_ship_adapter_copies_a_checkpoints_role_adapters_in_fp16(tmp_path: Path)
     card = yaml.safe_load((shipped / "adapter.yaml").read_text())
     assert card == {"base": "smollm2-135m", "recipe": "jade/qwen0.5b-cpu", "description": ""}
 
+    part = {"method": "search_r1-from-top5", "model": "smollm2-135m", "reward": {"train": "gatherers"}}
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(part))
+    result = CliRunner().invoke(
+        app, ["ship-adapter", str(checkpoint), "tiny-team", "--into", str(shipped_root)]
+    )
+    assert result.exit_code == 0, result.output
+    card = yaml.safe_load((shipped / "adapter.yaml").read_text())
+    assert card["team"] == "search_r1-from-top5"  # its runs of that team take the card's settings
+
 
 def test_ship_adapter_refuses_a_folder_without_adapters_and_a_path_as_name(tmp_path: Path):
     result = CliRunner().invoke(app, ["ship-adapter", str(tmp_path), "x", "--into", str(tmp_path / "a")])

@@ -93,6 +93,21 @@ def test_an_adapter_brings_its_run_settings_to_its_own_method(monkeypatch: pytes
     assert load_run_config(None, {"method": "qagent", "model": "qwen2.5-coder-0.5b"}).role_models == {}
 
 
+def test_a_composed_teams_part_brings_its_run_settings_to_that_team_only(monkeypatch: pytest.MonkeyPatch):
+    from searchteam.factory import load_run_config
+    from searchteam.llm.models import TrainedAdapter
+
+    settings = {"role_models": {"answer": "qwen2.5-coder-1.5b"}}
+    part = TrainedAdapter(
+        "g-test", "search_r1", "qwen2.5-coder-0.5b", "", "", settings, team="search_r1-from-top5"
+    )
+    monkeypatch.setitem(TRAINED, "g-test", part)
+    in_its_team = load_run_config(None, {"method": "search_r1-from-top5", "model": "g-test"})
+    assert in_its_team.role_models == {"answer": "qwen2.5-coder-1.5b"}
+    alone = load_run_config(None, {"method": "search_r1", "model": "g-test"})
+    assert alone.role_models == {}  # Search-R1 alone has no `answer` role
+
+
 @pytest.mark.parametrize("name", sorted(TRAINED))
 def test_a_shipped_adapter_runs_its_method_with_its_settings(name: str) -> None:
     """Its run settings are valid for its method, and the role models they name are presets (nothing to

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from searchteam.cli.app import JSON_LISTING, app, console, print_listing, user_errors
 from searchteam.methods import METHODS
+
+if TYPE_CHECKING:
+    from searchteam.llm.models import TrainedAdapter
 
 
 @app.command()
@@ -64,11 +67,16 @@ def ship_adapter(
         console.print(f"describe it in {target / ADAPTER_CARD} (`searchteam models` shows the description)")
 
 
+def adapter_kind(trained: TrainedAdapter) -> str:
+    part = f" (its part of {trained.team})" if trained.team else ""
+    return f"{trained.method} adapter{part} on {trained.base}"
+
+
 @app.command()
 def models(as_json: bool = JSON_LISTING) -> None:
     """List the model presets and the trained adapters shipped with searchteam (names for --model)."""
     from searchteam.llm.models import PRESETS, TRAINED
 
     rows = [(name, "preset", preset.description) for name, preset in PRESETS.items()]
-    rows += [(n, f"{t.method} adapter on {t.base}", t.description) for n, t in TRAINED.items()]
+    rows += [(n, adapter_kind(t), t.description) for n, t in TRAINED.items()]
     print_listing(("model", "kind", "description"), rows, as_json)

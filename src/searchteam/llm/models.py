@@ -98,12 +98,16 @@ class TrainedAdapter:
     name: str
     method: str
     base: str
-    recipe: str  # the shipped recipe of its last stage (`searchteam train --config RECIPE`)
+    # the recipe of its last stage (`searchteam train --config RECIPE`): a shipped recipe's name, or for a
+    # composed team's part its file in the repository (examples/teams/composed/recipes/...)
+    recipe: str
     description: str
     # run config fields it was trained with, used when its method runs it and a run leaves them unset
     # (dicts merge key by key, the run's keys winning): e.g. QAgent's agent token limit
     run_settings: dict[str, Any] = field(default_factory=dict)
     path: Path = Path()  # its checkpoint folder
+    # the composed team it was trained in as its part of `method`: runs of that team take its run settings
+    team: str = ""
 
 
 # Every shipped adapter by name; the method registry (`searchteam.methods`) registers those in each
@@ -125,6 +129,7 @@ def register_adapter(folder: Path, method: str) -> TrainedAdapter:
             description=str(card.get("description", "")),
             run_settings=dict(card.get("run_settings") or {}),
             path=folder,
+            team=str(card.get("team") or ""),
         )
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{card_path}: not an adapter card (base, recipe, description): {exc}") from None
