@@ -4,7 +4,8 @@ For each question (dev or train) of a composed team's eval run, a passage is gol
 question's `supporting_titles`. The question's top-k is naive RAG's retrieval in NAIVE_RUN (the same
 retriever and question, so the same passages). Counted per run: questions where a gatherer that calls a
 model handed over a gold passage whose title the top-k lacked; and questions whose reader saw every
-supporting title, against naive RAG's top-k.
+supporting title, against naive RAG's top-k; and the searches a model wrote after reading (per question,
+and the share that repeat the question).
 
     python experiments/composed_gold_added.py NAIVE_RUN RUN [RUN ...]
 """
@@ -60,6 +61,17 @@ def main() -> None:
             both += bool(gold[qid]) and gold[qid] <= {title[i] for i in record["evidence"]}
         print(f"{run}: a gatherer added a gold title the top-k lacked on {added} of {len(by_id)}; "
               f"the reader saw every supporting title on {both}")  # fmt: skip
+        print(f"  {written_searches(by_id.values())}")
+
+
+def written_searches(rows) -> str:
+    """The searches a model wrote after its first turn (`after_turns` > 0): how many per question, and how
+    many repeat the question word for word."""
+    rows = list(rows)
+    queries = [(s["query"], row["question"]) for row in rows for s in row["searches"] if s["after_turns"] > 0]
+    repeats = sum(query.strip().lower() == question.strip().lower() for query, question in queries)
+    return (f"{len(queries) / len(rows):.2f} written searches a question, {repeats} of {len(queries)} "
+            f"repeat the question")  # fmt: skip
 
 
 if __name__ == "__main__":

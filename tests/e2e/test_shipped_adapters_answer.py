@@ -36,10 +36,12 @@ def installed(preset: str) -> bool:
 @pytest.mark.parametrize("name", sorted(TRAINED))
 def test_a_shipped_adapter_answers_as_recorded_with_its_run_settings(name: str, tmp_path: Path) -> None:
     trained = TRAINED[name]
-    if not installed(trained.base):
-        pytest.skip(f"the base model's weights are not installed: {PRESETS[trained.base].install}")
+    for model in [trained.base, *trained.run_settings.get("role_models", {}).values()]:
+        if not installed(model):
+            pytest.skip(f"{model}, which {name} runs with, is not installed: {PRESETS[model].install}")
     out = tmp_path / "eval"
-    args = ["eval", "--method", trained.method, "--model", name, *QUESTIONS, "--out", str(out)]
+    method = trained.team or trained.method  # a composed team's part runs in its team
+    args = ["eval", "--method", method, "--model", name, *QUESTIONS, "--out", str(out)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -13,13 +14,14 @@ from searchteam.llm.ov import ov_base_and_adapters
 from searchteam.methods import METHODS, shipped_recipes
 
 MAX_ADAPTER_BYTES = 12_000_000  # "a few MB": the package carries them
+REPOSITORY = Path(__file__).resolve().parents[2]  # a composed team's part names its recipe's file here
 
 
 @pytest.mark.parametrize("name", sorted(TRAINED))
 def test_a_shipped_adapter_is_a_small_checkpoint_of_its_preset(name: str) -> None:
     trained = TRAINED[name]
     assert trained.method in METHODS and trained.base in PRESETS
-    assert trained.recipe in shipped_recipes()
+    assert trained.recipe in shipped_recipes() or (trained.team and (REPOSITORY / trained.recipe).is_file())
     assert checkpoint_of(name) == str(trained.path) and checkpoint_of(trained.base) == trained.base
     configs = sorted((trained.path / "policy" / "adapters").glob("*/adapter_config.json"))
     assert configs, f"{name} ships no adapter"
@@ -46,8 +48,6 @@ def test_models_lists_presets_and_trained_adapters() -> None:
 def test_a_shipped_adapter_starts_its_recipe_again(name: str) -> None:
     """`init_from: NAME` in the recipe the adapter came from loads it into the trained policy, so more
     training continues from it."""
-    from pathlib import Path
-
     import torch
     from safetensors.torch import load_file
 
@@ -58,7 +58,8 @@ def test_a_shipped_adapter_starts_its_recipe_again(name: str) -> None:
     base = PRESETS[trained.base]
     if not all(importlib.util.find_spec(p) for p in base.packages):
         pytest.skip(f"the base model's weights are not installed: {base.install}")
-    cfg = load_train_run_config(Path(trained.recipe), {"init_from": name})
+    recipe = REPOSITORY / trained.recipe if trained.team else Path(trained.recipe)
+    cfg = load_train_run_config(recipe, {"init_from": name})
     policy = load_policy(cfg.model, cfg.train, device="cpu", dtype="bfloat16")
     policy.load_initial(initial_checkpoint(cfg))
     params = dict(policy.model.named_parameters())
@@ -110,11 +111,12 @@ def test_a_composed_teams_part_brings_its_run_settings_to_that_team_only(monkeyp
 
 @pytest.mark.parametrize("name", sorted(TRAINED))
 def test_a_shipped_adapter_runs_its_method_with_its_settings(name: str) -> None:
-    """Its run settings are valid for its method, and the role models they name are presets (nothing to
-    download)."""
+    """Its run settings are valid for its method (a composed team's part: for its team), and the role models
+    they name are presets (nothing to download)."""
     from searchteam.factory import build_team, load_run_config
 
     trained = TRAINED[name]
-    cfg = load_run_config(None, {"method": trained.method, "model": name})
+    cfg = load_run_config(None, {"method": trained.team or trained.method, "model": name})
+    assert cfg.role_models.items() >= trained.run_settings.get("role_models", {}).items()
     build_team(cfg)  # an option or role the method does not have is a ConfigError
     assert all(model in PRESETS for model in cfg.role_models.values())
