@@ -53,7 +53,7 @@ def ship(checkpoint: Path, name: str, into: Path | None = None) -> Path:
     if run is not None:
         card = {"base": run.get("model"), "recipe": run.get("recipe") or "", "description": ""}
         if composed_spec(run) is not None:  # its runs of that team take the card's run settings
-            card["team"] = run.get("method")
+            card["team"] = get_method(str(run.get("method"))).name
         (target / ADAPTER_CARD).write_text(yaml.safe_dump(card, sort_keys=False), encoding="utf-8")
     return target
 
@@ -70,8 +70,8 @@ def adapters_folder(run: dict[str, Any]) -> Path:
     trained = sorted({part.method for part in trained_parts(spec, train)[1]})
     if len(trained) != 1:
         raise ShipError(
-            f"{run.get('method')} trained {' and '.join(trained) or 'no part'}: say where the adapter goes "
-            "with --into (e.g. src/searchteam/methods/METHOD/adapters)"
+            f"{get_method(str(run.get('method'))).name} trained {' and '.join(trained) or 'no part'}: say "
+            "where the adapter goes with --into (e.g. src/searchteam/methods/METHOD/adapters)"
         )
     return get_method(trained[0]).folder / "adapters"
 
