@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 from searchteam.data import load_benchmark
@@ -64,7 +65,7 @@ def main() -> None:
         print(f"  {written_searches(by_id.values())}")
 
 
-def written_searches(rows) -> str:
+def written_searches(rows: Iterable[dict]) -> str:
     """The searches a model wrote after its first turn (`after_turns` > 0): how many per question, and how
     many repeat the question word for word."""
     rows = list(rows)
