@@ -52,8 +52,9 @@ def ship(checkpoint: Path, name: str, into: Path | None = None) -> Path:
         save_file({k: v.to(torch.float16) for k, v in weights.items()}, role / "adapter_model.safetensors")
     if run is not None:
         card = {"base": run.get("model"), "recipe": run.get("recipe") or "", "description": ""}
-        if composed_spec(run) is not None:  # its runs of that team take the card's run settings
-            card["team"] = get_method(str(run.get("method"))).name
+        method = get_method(str(run.get("method")))
+        if getattr(method.team, "spec", None) is not None:  # its runs of that team take the card's settings
+            card["team"] = method.name
         (target / ADAPTER_CARD).write_text(yaml.safe_dump(card, sort_keys=False), encoding="utf-8")
     return target
 
@@ -61,24 +62,20 @@ def ship(checkpoint: Path, name: str, into: Path | None = None) -> Path:
 def adapters_folder(run: dict[str, Any]) -> Path:
     """Where a run's adapter ships, so `--model NAME` finds it: its method's adapters folder; for a composed
     team, that of the method of the part it trained (`reward.train`)."""
-    spec = composed_spec(run)
+    method = get_method(str(run.get("method")))
+    spec = getattr(method.team, "spec", None)
     if spec is None:
-        return get_method(str(run.get("method"))).folder / "adapters"
+        return method.folder / "adapters"
     from searchteam.methods.composed import trained_parts
 
     train = (run.get("reward") or {}).get("train", "")
     trained = sorted({part.method for part in trained_parts(spec, train)[1]})
     if len(trained) != 1:
         raise ShipError(
-            f"{get_method(str(run.get('method'))).name} trained {' and '.join(trained) or 'no part'}: say "
-            "where the adapter goes with --into (e.g. src/searchteam/methods/METHOD/adapters)"
+            f"{method.name} trained {' and '.join(trained) or 'no part'}: say where the adapter goes with "
+            "--into (e.g. src/searchteam/methods/METHOD/adapters)"
         )
     return get_method(trained[0]).folder / "adapters"
-
-
-def composed_spec(run: dict[str, Any]) -> Any:
-    """The composed team file a run's method is, or None for a paper's method."""
-    return getattr(get_method(str(run.get("method"))).team, "spec", None)
 
 
 def run_config(checkpoint: Path) -> dict[str, Any] | None:
